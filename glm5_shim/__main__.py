@@ -1,0 +1,5 @@
+import sys
+
+from glm5_shim.cli import main
+
+sys.exit(main())

@@ -1,0 +1,185 @@
+"""``python -m glm5_shim doctor``: what is patched and what will be used, before any GPU memory is taken.
+
+GPU facts come from NVML (no CUDA context is created); the backend choice is computed from vLLM's own validation
+rules, not by building a model.
+"""
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from importlib import metadata
+
+from glm5_shim import __version__, settings
+
+PACKAGES = ("vllm", "torch", "triton", "transformers", "gguf", "wrapt")
+TARGET_CAPABILITIES = ((12, 0), (12, 1), (10, 0), (9, 0), (8, 9), (8, 6), (8, 0))
+
+
+def _version(pkg: str) -> str | None:
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def gpus() -> tuple[list[dict], str]:
+    """Visible GPUs through NVML, or ([], why not)."""
+    try:
+        from vllm.third_party import pynvml
+    except Exception:
+        try:
+            import pynvml  # type: ignore
+        except Exception as exc:
+            return [], f"NVML bindings unavailable ({exc})"
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:
+        return [], f"no GPU (NVML: {exc})"
+    try:
+        found = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            name = pynvml.nvmlDeviceGetName(handle)
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            found.append({"index": i, "name": name.decode() if isinstance(name, bytes) else name,
+                          "capability": [major, minor], "memory_gib": round(mem.total / 2**30, 1)})
+        return found, "" if found else "no GPU (NVML sees none)"
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def _patch_status() -> tuple[str, list[dict]]:
+    from glm5_shim import activation
+    from glm5_shim.patches import load_all
+    from glm5_shim.registry import REGISTRY
+
+    activation.activate("doctor")
+    state = activation.state()
+    load_all(REGISTRY)
+    if state in ("active", "waiting-for-vllm"):
+        import importlib
+
+        for patch in REGISTRY.patches():  # importing a target fires its hook: the status becomes real
+            try:
+                importlib.import_module(patch.target)
+            except Exception as exc:
+                patch.state, patch.reason = "not applied", f"target import failed: {type(exc).__name__}: {exc}"
+    rows = REGISTRY.status()
+    if state == "disabled":
+        for row in rows:
+            row["state"], row["reason"] = "disabled", "GLM5_SHIM=0"
+    return state, rows
+
+
+def _plan_for(capability: tuple[int, int], gguf: bool = True) -> dict:
+    import torch
+
+    from glm5_shim.backend.selection import deepgemm_can_run, native_sparse_mla
+
+    dtype = torch.float16 if (gguf and capability[0] >= 10 and not settings.allow_gguf_bf16()) else torch.bfloat16
+    choice = native_sparse_mla(capability, dtype)
+    attention = {"dtype": str(dtype).replace("torch.", ""), "native": choice.name, "rejected": choice.rejected}
+    if settings.attention_choice() == "triton" or choice.name is None:
+        attention["uses"] = "none: vLLM stops ('No valid attention backend'); the shim's Triton sparse-MLA backend is not built yet"
+    else:
+        attention["uses"] = f"{choice.name} (native)"
+    ok, why = deepgemm_can_run(capability)
+    indexer = {"deepgemm": ok, "why": why}
+    indexer["uses"] = "DeepGEMM (native)" if ok and settings.indexer_choice() == "auto" else \
+        "none: vLLM's indexer fails without DeepGEMM; the shim's Triton indexer is not built yet"
+    return {"capability": f"{capability[0]}.{capability[1]}", "attention": attention, "indexer": indexer}
+
+
+def collect(model: str | None = None) -> dict:
+    versions = {"python": platform.python_version(), **{p: _version(p) for p in PACKAGES}}
+    from glm5_shim.activation import vllm_version_supported
+
+    report: dict = {"glm5_shim": __version__, "versions": versions,
+                    "vllm_supported": vllm_version_supported(versions["vllm"]),
+                    "env": {k: __import__("os").environ.get(k) for k in settings.ENV_SWITCHES}}
+    state, rows = _patch_status()
+    from glm5_shim import activation
+
+    report["activation"] = activation.state()
+    report["activated_by"] = activation.activated_by()
+    report["patches"] = rows
+    found, why = gpus()
+    report["gpus"] = found
+    report["gpu_note"] = why
+    caps = sorted({tuple(g["capability"]) for g in found}) or []
+    report["plan"] = [_plan_for(c) for c in caps] if caps else []
+    if not caps:
+        report["plan_if"] = [_plan_for(c) for c in TARGET_CAPABILITIES]
+    if model:
+        report["model"] = _model_summary(model)
+    return report
+
+
+def _model_summary(path: str) -> dict:
+    try:
+        import gguf
+
+        reader = gguf.GGUFReader(path)
+        field = reader.fields.get("general.architecture")
+        arch = field.contents() if field is not None else None
+        return {"path": path, "architecture": arch, "tensors": len(reader.tensors)}
+    except Exception as exc:
+        return {"path": path, "error": f"{type(exc).__name__}: {exc}"}
+
+
+def format_text(r: dict) -> str:
+    lines = [f"glm5-shim {r['glm5_shim']} doctor"]
+    v = r["versions"]
+    lines.append("versions: " + ", ".join(f"{k} {v[k] or 'not installed'}" for k in v))
+    if not r["vllm_supported"]:
+        lines.append(f"  !! vLLM {v['vllm']} is not {settings.SUPPORTED_VLLM}.x: the shim patches nothing "
+                     "(GLM5_SHIM_FORCE=1 to try anyway)")
+    lines.append(f"activation: {r['activation']} (via {', '.join(dict.fromkeys(r['activated_by']))})")
+    set_env = {k: val for k, val in r["env"].items() if val is not None}
+    lines.append("env: " + (", ".join(f"{k}={val}" for k, val in set_env.items()) or "(no GLM5_SHIM_* set)"))
+    if r["gpus"]:
+        for g in r["gpus"]:
+            lines.append(f"GPU {g['index']}: {g['name']}, compute capability {g['capability'][0]}."
+                         f"{g['capability'][1]}, {g['memory_gib']} GiB")
+    else:
+        lines.append(f"GPU: {r['gpu_note']}")
+    lines.append("patches:")
+    width = max((len(p["name"]) for p in r["patches"]), default=10)
+    for p in r["patches"]:
+        extra = f" ({p['reason']})" if p["reason"] else ""
+        lines.append(f"  {p['name']:<{width}}  {p['state']}{extra}")
+        lines.append(f"  {'':<{width}}  {p['summary']}")
+    plans = r["plan"] or r.get("plan_if", [])
+    if not r["plan"]:
+        lines.append("what GLM-5 would use (no GPU here; per compute capability):")
+    else:
+        lines.append("what GLM-5 will use on this machine:")
+    for plan in plans:
+        a, i = plan["attention"], plan["indexer"]
+        lines.append(f"  {plan['capability']:>4}: dtype {a['dtype']}; attention: {a['uses']}; indexer: {i['uses']}")
+        if a["native"] is None:
+            for name, reasons in a["rejected"].items():
+                lines.append(f"        {name} rejected: {', '.join(reasons)}")
+        if not i["deepgemm"]:
+            lines.append(f"        DeepGEMM: {i['why']}")
+    if "model" in r:
+        lines.append(f"model: {json.dumps(r['model'])}")
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    import os
+
+    # vLLM logs to stdout; doctor's own output (and --json) must stay clean.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    report = collect(args.model)
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        print(format_text(report))
+    return 0

@@ -1,0 +1,114 @@
+"""GGUF and bfloat16 on compute capability >= 10.
+
+vLLM 0.23 refuses bf16 activations for GGUF on capability >= 10 (``GGUFConfig.get_supported_act_dtypes``; its
+CUDA GGUF kernels round through fp16 and produced garbage in bf16 on an RTX 5090), while ``--dtype auto`` resolves to
+the model config's bfloat16 — so ``vllm serve x.gguf`` stops on every Blackwell GPU by default.
+
+Two patches:
+* ``dtype-auto`` wraps ``vllm.config.model._get_and_verify_dtype``: for a GGUF on such a GPU, ``--dtype auto``
+  becomes float16 (one info line); an explicit ``--dtype bfloat16`` is refused there with a one-line error that
+  names the way out, unless GLM5_SHIM_GGUF_BF16=1.
+* ``dtype-gate`` wraps ``GGUFConfig.get_supported_act_dtypes`` so that GLM5_SHIM_GGUF_BF16=1 lets bf16 through.
+"""
+from __future__ import annotations
+
+from glm5_shim import settings
+from glm5_shim.registry import Patch, require, require_attr, require_params
+
+_GATE_CAPABILITY = 100  # the threshold vLLM's own gate uses (has_device_capability(100))
+
+
+def gguf_bf16_refused_by_vllm() -> bool:
+    """True where vLLM 0.23's gate refuses bf16 for GGUF: the current platform reports capability >= 10.0."""
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.has_device_capability(_GATE_CAPABILITY))
+
+
+def _capability_str() -> str:
+    from vllm.platforms import current_platform
+
+    cap = current_platform.get_device_capability()
+    return cap.as_version_str() if cap is not None else "unknown"
+
+
+# -- dtype-auto ------------------------------------------------------------------------------------------------
+def _check_model(model_module) -> None:
+    func = require_attr(model_module, "_get_and_verify_dtype", "vllm.config.model")
+    require_params(func, ("model_id", "config", "dtype"), "vllm.config.model._get_and_verify_dtype")
+    model_config = require_attr(model_module, "ModelConfig", "vllm.config.model")
+    post_init = require_attr(model_config, "__post_init__", "ModelConfig")
+    require("_get_and_verify_dtype" in post_init.__code__.co_names,
+            "ModelConfig.__post_init__ no longer resolves its dtype through _get_and_verify_dtype")
+
+
+def _apply_model(model_module, patch: Patch) -> None:
+    import torch
+    from vllm.logger import init_logger
+    from vllm.transformers_utils.gguf_utils import is_gguf
+
+    logger = init_logger("glm5_shim.dtype")
+    original = model_module._get_and_verify_dtype
+
+    def _get_and_verify_dtype(model_id, config, dtype, *args, **kwargs):
+        requested = dtype.lower() if isinstance(dtype, str) else dtype
+        if not is_gguf(model_id) or not gguf_bf16_refused_by_vllm() or settings.allow_gguf_bf16():
+            return original(model_id, config, dtype, *args, **kwargs)
+        if requested == "auto":
+            resolved = original(model_id, config, dtype, *args, **kwargs)
+            if resolved == torch.bfloat16:
+                logger.info("glm5-shim: GGUF on compute capability %s: --dtype auto resolves to float16 "
+                            "(vLLM 0.23 refuses bfloat16 GGUF there)", _capability_str())
+                return original(model_id, config, "float16", *args, **kwargs)
+            return resolved
+        if requested in ("bfloat16", torch.bfloat16):
+            raise ValueError(
+                f"--dtype bfloat16 with a GGUF model ({model_id}) on compute capability {_capability_str()}: "
+                "vLLM 0.23's GGUF kernels are refused in bfloat16 there; use --dtype float16 (what --dtype auto "
+                "picks) or set GLM5_SHIM_GGUF_BF16=1 to force bfloat16")
+        return original(model_id, config, dtype, *args, **kwargs)
+
+    patch.replace(model_module, "_get_and_verify_dtype", _get_and_verify_dtype)
+
+
+# -- dtype-gate ------------------------------------------------------------------------------------------------
+def _check_gate(gguf_module) -> None:
+    cls = require_attr(gguf_module, "GGUFConfig", "vllm.model_executor.layers.quantization.gguf")
+    func = require_attr(cls, "get_supported_act_dtypes", "GGUFConfig")
+    require_params(func, ("self",), "GGUFConfig.get_supported_act_dtypes")
+
+
+def _apply_gate(gguf_module, patch: Patch) -> None:
+    import torch
+
+    cls = gguf_module.GGUFConfig
+    original = cls.get_supported_act_dtypes
+
+    def get_supported_act_dtypes(self):
+        supported = list(original(self))
+        if settings.allow_gguf_bf16() and torch.bfloat16 not in supported:
+            supported.insert(1, torch.bfloat16)
+        return supported
+
+    patch.replace(cls, "get_supported_act_dtypes", get_supported_act_dtypes)
+
+
+PATCHES = [
+    Patch(
+        name="dtype-auto",
+        target="vllm.config.model",
+        replaces=("vllm.config.model:_get_and_verify_dtype",),
+        summary="--dtype auto picks float16 for GGUF on compute capability >= 10; explicit bf16 needs "
+                "GLM5_SHIM_GGUF_BF16=1",
+        check=_check_model,
+        apply=_apply_model,
+    ),
+    Patch(
+        name="dtype-gate",
+        target="vllm.model_executor.layers.quantization.gguf",
+        replaces=("vllm.model_executor.layers.quantization.gguf:GGUFConfig.get_supported_act_dtypes",),
+        summary="GLM5_SHIM_GGUF_BF16=1 admits bfloat16 through vLLM's GGUF dtype gate",
+        check=_check_gate,
+        apply=_apply_gate,
+    ),
+]

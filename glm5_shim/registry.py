@@ -1,0 +1,152 @@
+"""Patch records and their status.  No vLLM import here: a patch names its target module as a string.
+
+A patch module under glm5_shim/patches/ declares one or more :class:`Patch` objects.  Each says which module
+triggers it, what it replaces, how to check that the target still has the shape the replacement was written for,
+and how to apply it.  The registry applies a patch at most once, records originals so it can be undone (tests),
+and never lets a failure escape into the import that triggered it.
+"""
+from __future__ import annotations
+
+import inspect
+import threading
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Callable
+
+from glm5_shim.settings import warn as _warn
+
+WAITING = "not yet imported"
+APPLIED = "applied"
+NOT_APPLIED = "not applied"
+DISABLED = "disabled"
+
+MARKER = "__glm5_shim_patch__"
+
+
+class TargetMismatch(Exception):
+    """The target no longer looks like the code the patch was written for."""
+
+
+@dataclass
+class Patch:
+    name: str
+    target: str  # module whose import triggers the patch
+    replaces: tuple[str, ...]  # "module:attr" or "module:Class.attr", for humans and doctor
+    summary: str
+    check: Callable[[ModuleType], None]  # raises TargetMismatch(reason)
+    apply: Callable[[ModuleType, "Patch"], None]
+    state: str = WAITING
+    reason: str = ""
+    _originals: list[tuple[Any, str, Any]] = field(default_factory=list, repr=False)
+
+    # -- helpers used by apply() ---------------------------------------------------------------------------
+    def replace(self, owner: Any, attr: str, new: Any) -> Any:
+        """Set owner.attr = new, remembering the original; a second call for an already patched attr is a no-op."""
+        current = inspect.getattr_static(owner, attr)
+        if getattr(_unwrap_descriptor(current), MARKER, None) == self.name:
+            return getattr(_unwrap_descriptor(current), "__wrapped__", None)
+        func = _unwrap_descriptor(new)
+        setattr(func, MARKER, self.name)
+        setattr(func, "__wrapped__", _unwrap_descriptor(current))
+        self._originals.append((owner, attr, current))
+        setattr(owner, attr, new)
+        return _unwrap_descriptor(current)
+
+    def undo(self) -> None:
+        for owner, attr, original in reversed(self._originals):
+            setattr(owner, attr, original)
+        self._originals.clear()
+        if self.state == APPLIED:
+            self.state, self.reason = WAITING, "undone"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "target": self.target, "replaces": list(self.replaces),
+                "summary": self.summary, "state": self.state, "reason": self.reason}
+
+
+def _unwrap_descriptor(obj: Any) -> Any:
+    return obj.__func__ if isinstance(obj, (staticmethod, classmethod)) else obj
+
+
+def require(condition: bool, reason: str) -> None:
+    if not condition:
+        raise TargetMismatch(reason)
+
+
+def require_attr(owner: Any, attr: str, where: str) -> Any:
+    if not hasattr(owner, attr):
+        raise TargetMismatch(f"{where} has no attribute {attr!r}")
+    return getattr(owner, attr)
+
+
+def require_params(func: Any, expected: tuple[str, ...], where: str) -> None:
+    """The first parameters of func must be `expected`, in order."""
+    try:
+        params = tuple(inspect.signature(func).parameters)
+    except (TypeError, ValueError) as exc:
+        raise TargetMismatch(f"{where}: cannot read signature ({exc})") from None
+    if params[: len(expected)] != expected:
+        raise TargetMismatch(f"{where}: expected parameters {expected}, found {params}")
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._patches: dict[str, Patch] = {}
+        self._lock = threading.RLock()
+        self.refusal: str = ""  # set when the version guard refuses the whole installation
+
+    def add(self, patch: Patch) -> Patch:
+        with self._lock:
+            existing = self._patches.get(patch.name)
+            if existing is not None:
+                return existing
+            self._patches[patch.name] = patch
+            return patch
+
+    def get(self, name: str) -> Patch:
+        return self._patches[name]
+
+    def patches(self) -> list[Patch]:
+        return list(self._patches.values())
+
+    def refuse_all(self, reason: str) -> None:
+        with self._lock:
+            self.refusal = reason
+            for patch in self._patches.values():
+                if patch.state == WAITING:
+                    patch.state, patch.reason = NOT_APPLIED, reason
+
+    def apply(self, patch: Patch, module: ModuleType) -> None:
+        """Check and apply one patch against its freshly imported target.  Never raises."""
+        with self._lock:
+            if patch.state in (APPLIED, DISABLED) or self.refusal:
+                return
+            try:
+                patch.check(module)
+            except TargetMismatch as exc:
+                patch.state, patch.reason = NOT_APPLIED, f"target check failed: {exc}"
+                _warn(f"patch {patch.name!r} not applied: {exc}")
+                return
+            except Exception as exc:  # a check that crashes is a mismatch too
+                patch.state, patch.reason = NOT_APPLIED, f"target check crashed: {type(exc).__name__}: {exc}"
+                _warn(f"patch {patch.name!r} not applied: check crashed: {type(exc).__name__}: {exc}")
+                return
+            try:
+                patch.apply(module, patch)
+            except Exception as exc:
+                patch.undo()
+                patch.state, patch.reason = NOT_APPLIED, f"apply failed: {type(exc).__name__}: {exc}"
+                _warn(f"patch {patch.name!r} failed while applying: {type(exc).__name__}: {exc}")
+                return
+            patch.state, patch.reason = APPLIED, ""
+
+    def status(self) -> list[dict[str, Any]]:
+        return [p.as_dict() for p in self._patches.values()]
+
+    def undo_all(self) -> None:
+        with self._lock:
+            for patch in self._patches.values():
+                patch.undo()
+
+
+REGISTRY = Registry()

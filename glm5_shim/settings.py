@@ -1,0 +1,66 @@
+"""Environment switches, read once per use (cheap: no imports beyond os).
+
+Every switch the shim honours is listed here so that doctor, launch.sh and the README tell the same story.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+SUPPORTED_VLLM = "0.23"  # major.minor the patches were written against
+
+
+def _flag(name: str, default: bool = False) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    return raw.strip().lower() not in ("0", "false", "no", "off")
+
+
+def shim_enabled() -> bool:
+    """GLM5_SHIM=0 turns the whole shim off: nothing is registered, vLLM is stock."""
+    return _flag("GLM5_SHIM", True)
+
+
+def force_unsupported_vllm() -> bool:
+    """GLM5_SHIM_FORCE=1 applies the patches on a vLLM other than 0.23.x (at your own risk)."""
+    return _flag("GLM5_SHIM_FORCE")
+
+
+def allow_gguf_bf16() -> bool:
+    """GLM5_SHIM_GGUF_BF16=1 lets an explicit --dtype bfloat16 through vLLM's GGUF gate on compute capability >= 10."""
+    return _flag("GLM5_SHIM_GGUF_BF16")
+
+
+def _choice(name: str, allowed: tuple[str, ...], default: str) -> str:
+    raw = os.environ.get(name, "").strip().lower() or default
+    if raw not in allowed:
+        raise ValueError(f"{name}={raw!r}: expected one of {', '.join(allowed)}")
+    return raw
+
+
+def attention_choice() -> str:
+    """GLM5_SHIM_ATTENTION: auto (shim backend only where no native sparse-MLA backend is valid) | triton (always)."""
+    return _choice("GLM5_SHIM_ATTENTION", ("auto", "triton"), "auto")
+
+
+def indexer_choice() -> str:
+    """GLM5_SHIM_INDEXER: auto (Triton only where DeepGEMM cannot run) | triton (always)."""
+    return _choice("GLM5_SHIM_INDEXER", ("auto", "triton"), "auto")
+
+
+ENV_SWITCHES = {
+    "GLM5_SHIM": "0 disables the shim entirely (vLLM is stock)",
+    "GLM5_SHIM_FORCE": "1 patches a vLLM other than 0.23.x",
+    "GLM5_SHIM_GGUF_BF16": "1 allows an explicit --dtype bfloat16 for GGUF on compute capability >= 10",
+    "GLM5_SHIM_ATTENTION": "auto | triton: force the shim's sparse-MLA backend on any GPU",
+    "GLM5_SHIM_INDEXER": "auto | triton: force the shim's Triton indexer on any GPU",
+}
+
+
+def warn(message: str) -> None:
+    """One line on stderr.  The shim reports trouble this way and never raises into the interpreter or vLLM."""
+    try:
+        sys.stderr.write(f"glm5-shim: WARNING: {message}\n")
+    except Exception:
+        pass

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# glm5-shim launcher.
+#
+#   source launch.sh                     puts this repository on PYTHONPATH so that every Python process (vLLM's
+#                                        engine core and workers included) activates the shim; nothing else.
+#   ./launch.sh MODEL.gguf [ARGS...]     runs `vllm serve MODEL.gguf` with the recommended flags; ARGS pass
+#                                        through and win over the recommendations.
+#   ./launch.sh doctor [MODEL.gguf]      the shim's doctor.
+
+_glm5_shim_root="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+case ":${PYTHONPATH:-}:" in
+  *":${_glm5_shim_root}:"*) ;;
+  *) export PYTHONPATH="${_glm5_shim_root}${PYTHONPATH:+:${PYTHONPATH}}" ;;
+esac
+
+# Sourced: stop here.
+if [[ "${BASH_SOURCE[0]}" != "${0}" ]]; then
+  unset _glm5_shim_root
+  return 0
+fi
+
+set -euo pipefail
+if [[ $# -lt 1 || "$1" == "-h" || "$1" == "--help" ]]; then
+  sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
+  exit 0
+fi
+if [[ "$1" == "doctor" ]]; then
+  shift
+  exec python -m glm5_shim doctor "$@"
+fi
+
+model="$1"; shift
+if [[ ! -e "$model" && "$model" != *:* ]]; then
+  echo "launch.sh: model file not found: $model (expected a .gguf file, the first shard of a split GGUF)" >&2
+  exit 2
+fi
+
+has_flag() { local f; for f in "${@:2}"; do [[ "$f" == "$1" || "$f" == "$1="* ]] && return 0; done; return 1; }
+recommended=()
+# The DSA indexer reserves a prefill workspace of max_model_len x 40 x 132 B and a decode logits buffer per
+# request of max_model_len x 4 B: a modest context keeps start-up memory sane.  Pass your own to change it.
+has_flag --max-model-len "$@" || recommended+=(--max-model-len "${GLM5_MAX_MODEL_LEN:-32768}")
+# FlashInfer's sampler JIT-compiles with nvcc at run time; without a CUDA toolkit use the PyTorch sampler.
+if ! command -v nvcc >/dev/null 2>&1 && [[ -z "${VLLM_USE_FLASHINFER_SAMPLER:-}" ]]; then
+  export VLLM_USE_FLASHINFER_SAMPLER=0
+fi
+
+exec vllm serve "$model" "${recommended[@]}" "$@"

@@ -1,0 +1,69 @@
+"""Shared test helpers: run Python in a fresh interpreter with the repo on PYTHONPATH (as launch.sh does)."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def child_env(extra: dict | None = None, pythonpath: list[str] | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GLM5_SHIM")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + (pythonpath or []))
+    env["VLLM_LOGGING_LEVEL"] = "ERROR"  # vLLM logs to stdout; keep the child's stdout for results
+    env.update(extra or {})
+    return env
+
+
+def script(*parts: str) -> str:
+    """Join code snippets, each dedented on its own."""
+    return "\n".join(textwrap.dedent(p) for p in parts)
+
+
+def run_python(code: str, extra_env: dict | None = None, pythonpath: list[str] | None = None,
+               timeout: int = 300, cwd: str | None = None) -> subprocess.CompletedProcess:
+    """Run `code` as a script file (so that multiprocessing's spawn can re-import its __main__)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="glm5-shim-child-") as tmp:
+        script = pathlib.Path(tmp) / "child.py"
+        script.write_text(textwrap.dedent(code))
+        return subprocess.run([sys.executable, str(script)], env=child_env(extra_env, pythonpath),
+                              capture_output=True, text=True, timeout=timeout, cwd=cwd or str(REPO))
+
+
+def last_json(proc: subprocess.CompletedProcess):
+    """The child prints its result as the last stdout line, in JSON."""
+    assert proc.returncode == 0, f"child failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def write_minimal_glm_dsa_gguf(path: pathlib.Path) -> pathlib.Path:
+    """A GGUF whose architecture is glm-dsa: enough for code that only looks at the header."""
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), "glm-dsa")
+    writer.add_block_count(2)
+    writer.add_context_length(4096)
+    writer.add_embedding_length(256)
+    writer.add_head_count(4)
+    writer.add_tensor("output_norm.weight", np.ones(256, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+# vLLM resolves no platform on a machine without a GPU (device_type ""), so EngineArgs cannot even build a
+# DeviceConfig.  Children that build configs install vLLM's CPU platform first, before anything binds it.
+USE_CPU_PLATFORM = """
+import vllm.platforms as _platforms
+from vllm.platforms.cpu import CpuPlatform as _CpuPlatform
+_platforms._current_platform = _CpuPlatform()
+"""

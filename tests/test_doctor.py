@@ -1,0 +1,44 @@
+"""doctor runs on a CPU-only machine, reports every patch, and tells what GLM-5 would use per GPU generation."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.helpers import REPO, child_env
+
+
+def _doctor(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "glm5_shim", "doctor", *args], env=child_env(env),
+                          capture_output=True, text=True, timeout=300, cwd=str(REPO))
+
+
+def test_doctor_json_lists_every_patch_and_a_plan():
+    from glm5_shim.patches import PATCH_MODULES
+
+    proc = _doctor("--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)  # stdout is pure JSON: vLLM's log lines must not leak into it
+    assert report["activation"] == "active"
+    names = {p["name"] for p in report["patches"]}
+    assert {"speculators", "dtype-auto", "dtype-gate"} <= names and len(names) >= len(PATCH_MODULES)
+    assert all(p["state"] == "applied" for p in report["patches"]), report["patches"]
+    assert set(report["versions"]) == {"python", "vllm", "torch", "triton", "transformers", "gguf", "wrapt"}
+    assert report["vllm_supported"] is True
+    if not report["gpus"]:
+        plans = {p["capability"]: p for p in report["plan_if"]}
+        assert plans["9.0"]["attention"]["native"] == "FLASHMLA_SPARSE"
+        assert plans["12.0"]["attention"]["native"] is None
+        assert "compute capability not supported" in plans["12.0"]["attention"]["rejected"]["FLASHMLA_SPARSE"]
+        assert plans["12.0"]["attention"]["dtype"] == "float16" and plans["8.6"]["attention"]["dtype"] == "bfloat16"
+        assert plans["12.0"]["indexer"]["deepgemm"] is False
+
+
+def test_doctor_text_and_disabled_shim(tmp_path):
+    text = _doctor()
+    assert text.returncode == 0
+    assert "patches:" in text.stdout and "speculators" in text.stdout and "versions: python" in text.stdout
+    off = _doctor("--json", env={"GLM5_SHIM": "0"})
+    report = json.loads(off.stdout)
+    assert report["activation"] == "disabled"
+    assert all(p["state"] == "disabled" for p in report["patches"])

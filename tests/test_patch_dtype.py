@@ -1,0 +1,96 @@
+"""The GGUF dtype patches with the platform's compute capability mocked (12.0 Blackwell, 8.9 Ada)."""
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+import torch
+
+from tests.helpers import write_minimal_glm_dsa_gguf
+
+
+@pytest.fixture(scope="module")
+def patched():
+    import glm5_shim
+
+    glm5_shim.activate("tests")
+    import vllm.config.model as model_module
+    import vllm.model_executor.layers.quantization.gguf as gguf_module
+    from glm5_shim.registry import REGISTRY
+
+    for name in ("dtype-auto", "dtype-gate"):
+        assert REGISTRY.get(name).state == "applied", REGISTRY.get(name)
+    return model_module, gguf_module
+
+
+@pytest.fixture
+def capability(monkeypatch):
+    from vllm.platforms import current_platform
+    from vllm.platforms.interface import DeviceCapability
+
+    def set_capability(major: int, minor: int):
+        monkeypatch.setattr(type(current_platform), "get_device_capability",
+                            classmethod(lambda cls, device_id=0: DeviceCapability(major, minor)))
+
+    return set_capability
+
+
+@pytest.fixture(scope="module")
+def gguf_file(tmp_path_factory) -> str:
+    return str(write_minimal_glm_dsa_gguf(tmp_path_factory.mktemp("dtype") / "m.gguf"))
+
+
+def _bf16_config():
+    from transformers import PretrainedConfig
+
+    config = PretrainedConfig()
+    config.dtype = torch.bfloat16
+    return config
+
+
+def _resolve(model_module, model, dtype):
+    return model_module._get_and_verify_dtype(model, _bf16_config(), dtype, is_pooling_model=False)
+
+
+def test_blackwell_auto_picks_float16_for_gguf(patched, capability, gguf_file, monkeypatch):
+    model_module, _ = patched
+    monkeypatch.delenv("GLM5_SHIM_GGUF_BF16", raising=False)
+    capability(12, 0)
+    assert _resolve(model_module, gguf_file, "auto") == torch.float16
+    assert _resolve(model_module, gguf_file, "float16") == torch.float16
+
+
+def test_blackwell_explicit_bf16_is_refused_with_the_way_out(patched, capability, gguf_file, monkeypatch):
+    model_module, gguf_module = patched
+    monkeypatch.delenv("GLM5_SHIM_GGUF_BF16", raising=False)
+    capability(12, 0)
+    with pytest.raises(ValueError) as err:
+        _resolve(model_module, gguf_file, "bfloat16")
+    message = str(err.value)
+    assert "\n" not in message and "GLM5_SHIM_GGUF_BF16=1" in message and "12.0" in message and gguf_file in message
+    assert torch.bfloat16 not in gguf_module.GGUFConfig().get_supported_act_dtypes()
+
+
+def test_blackwell_bf16_behind_the_switch(patched, capability, gguf_file, monkeypatch):
+    model_module, gguf_module = patched
+    monkeypatch.setenv("GLM5_SHIM_GGUF_BF16", "1")
+    capability(12, 0)
+    assert _resolve(model_module, gguf_file, "bfloat16") == torch.bfloat16
+    assert torch.bfloat16 in gguf_module.GGUFConfig().get_supported_act_dtypes()
+
+
+def test_non_gguf_models_are_untouched_on_blackwell(patched, capability, tmp_path: pathlib.Path, monkeypatch):
+    model_module, _ = patched
+    monkeypatch.delenv("GLM5_SHIM_GGUF_BF16", raising=False)
+    capability(12, 0)
+    assert _resolve(model_module, str(tmp_path), "auto") == torch.bfloat16
+    assert _resolve(model_module, str(tmp_path), "bfloat16") == torch.bfloat16
+
+
+def test_ada_keeps_bf16(patched, capability, gguf_file, monkeypatch):
+    model_module, gguf_module = patched
+    monkeypatch.delenv("GLM5_SHIM_GGUF_BF16", raising=False)
+    capability(8, 9)
+    assert _resolve(model_module, gguf_file, "auto") == torch.bfloat16
+    assert _resolve(model_module, gguf_file, "bfloat16") == torch.bfloat16
+    assert torch.bfloat16 in gguf_module.GGUFConfig().get_supported_act_dtypes()
