@@ -121,15 +121,15 @@ def collect(model: str | None = None) -> dict:
 
 
 def _model_summary(path: str) -> dict:
-    try:
-        import gguf
+    """Header-only check of the model: what the loader would say, before any GPU memory is taken."""
+    from glm5_shim.gguf.probe import gguf_architecture
+    from glm5_shim.gguf.validate import validate
 
-        reader = gguf.GGUFReader(path)
-        field = reader.fields.get("general.architecture")
-        arch = field.contents() if field is not None else None
-        return {"path": path, "architecture": arch, "tensors": len(reader.tensors)}
-    except Exception as exc:
-        return {"path": path, "error": f"{type(exc).__name__}: {exc}"}
+    summary: dict = {"path": path, "architecture": gguf_architecture(path)}
+    findings = validate(path)
+    summary["errors"] = [f.message for f in findings if f.level == "error"]
+    summary["warnings"] = [f.message for f in findings if f.level != "error"]
+    return summary
 
 
 def format_text(r: dict) -> str:
@@ -168,7 +168,12 @@ def format_text(r: dict) -> str:
         if not i["deepgemm"]:
             lines.append(f"        DeepGEMM: {i['why']}")
     if "model" in r:
-        lines.append(f"model: {json.dumps(r['model'])}")
+        m = r["model"]
+        verdict = "OK" if not m["errors"] else f"{len(m['errors'])} error(s)"
+        lines.append(f"model: {m['path']} (architecture {m['architecture']}): {verdict}, "
+                     f"{len(m['warnings'])} warning(s)")
+        for message in m["errors"][:10] + m["warnings"][:10]:
+            lines.append(f"  {message}")
     return "\n".join(lines)
 
 

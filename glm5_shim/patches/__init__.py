@@ -7,7 +7,9 @@ import importlib
 # Order matters only for reading doctor's output: it follows a request's path through vLLM.
 PATCH_MODULES = (
     "speculators",
+    "gguf_config",
     "dtype_gate",
+    "gguf_loader",
 )
 
 

@@ -1,0 +1,116 @@
+"""GLM-5's Hugging Face config for vLLM, built from a glm-dsa GGUF's metadata.
+
+transformers < 5.2 (what `pip install vllm==0.23.0` resolves: 4.57.6) has no GlmMoeDsaConfig; vLLM's model code
+only reads attributes, so a DeepseekV3Config subclass with model_type "glm_moe_dsa" carries every field.  With
+transformers >= 5.2 its own class is used.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+GLM_MODEL_TYPE = "glm_moe_dsa"
+GLM_GGUF_ARCH = "glm-dsa"
+
+_lock = threading.Lock()
+_class = None
+_cache: dict[tuple, object] = {}
+
+
+def glm_moe_dsa_config_class():
+    global _class
+    if _class is not None:
+        return _class
+    try:
+        from transformers import GlmMoeDsaConfig as cls  # transformers >= 5.2
+    except ImportError:
+        from glm5_shim.backend.transformers4_config import GlmMoeDsaConfig as cls
+    _class = cls
+    return cls
+
+
+def register_config_class(vllm_config_registry) -> object:
+    """Make `glm_moe_dsa` resolvable by vLLM and by AutoConfig (also for --hf-config-path on transformers 4.x)."""
+    from transformers import AutoConfig
+
+    cls = glm_moe_dsa_config_class()
+    if GLM_MODEL_TYPE not in vllm_config_registry:
+        vllm_config_registry[GLM_MODEL_TYPE] = cls
+    try:
+        AutoConfig.register(GLM_MODEL_TYPE, cls, exist_ok=True)
+    except (TypeError, ValueError):
+        pass  # already registered natively
+    # A tokenizer directory with a GLM-5 config.json but no tokenizer_config.json (e.g. --tokenizer pointing at
+    # a checkpoint folder) makes AutoTokenizer look the config class up: give it the fast tokenizer.
+    try:
+        from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+        AutoTokenizer.register(cls, fast_tokenizer_class=PreTrainedTokenizerFast, exist_ok=True)
+    except (TypeError, ValueError):
+        pass
+    return cls
+
+
+def is_glm_dsa_gguf(model: str | os.PathLike) -> bool:
+    from glm5_shim.gguf.probe import gguf_architecture
+
+    return gguf_architecture(model) == GLM_GGUF_ARCH
+
+
+def refuse_unreadable_gguf(model) -> None:
+    """A local *.gguf that is not a readable GGUF gets the reader's one-line error, not a transformers
+    traceback.  Readable GGUFs of other architectures are left to vLLM."""
+    from glm5_shim.gguf.probe import gguf_architecture
+
+    path = Path(str(model))
+    if path.suffix == ".gguf" and path.is_file() and gguf_architecture(path) is None:
+        from glm5_shim.gguf.reader import open_gguf
+
+        open_gguf(path, expected_architecture=None)  # raises GGUFError naming the file and the problem
+
+
+def _key(path: str | os.PathLike) -> tuple:
+    p = Path(path).resolve()
+    st = p.stat()
+    return (str(p), st.st_size, st.st_mtime_ns)
+
+
+def config_dict_from_gguf(path: str | os.PathLike) -> dict:
+    """Validated HF config fields of a glm-dsa GGUF (cached per file version).  A bad file raises GGUFError,
+    one line naming the file and the tensor or key, before anything touches a GPU."""
+    key = _key(path)
+    with _lock:
+        if key in _cache:
+            return dict(_cache[key])
+    from glm5_shim.gguf.config import build_hf_config
+    from glm5_shim.gguf.reader import open_gguf
+    from glm5_shim.gguf.validate import ERROR, validate_model
+
+    model = open_gguf(path)
+    findings = validate_model(model)
+    errors = [f for f in findings if f.level == ERROR]
+    if errors:
+        from glm5_shim.gguf.errors import GGUFError
+
+        more = f" (and {len(errors) - 1} more problem(s): python -m glm5_shim inspect {path})" if len(errors) > 1 else ""
+        raise GGUFError(errors[0].message + more)
+    config = build_hf_config(model)
+    with _lock:
+        _cache[key] = config
+    return dict(config)
+
+
+def config_from_gguf(path: str | os.PathLike):
+    cls = glm_moe_dsa_config_class()
+    fields = config_dict_from_gguf(path)
+    return cls(**fields)
+
+
+def generation_config_from_gguf(path: str | os.PathLike):
+    """GLM-5 stops a turn on <|endoftext|>, <|user|> or <|observation|>: all of them must be stop tokens."""
+    from transformers import GenerationConfig
+
+    fields = config_dict_from_gguf(path)
+    kwargs = {k: fields[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if fields.get(k) is not None}
+    return GenerationConfig(**kwargs)

@@ -1,0 +1,524 @@
+"""Write tiny random GLM-5 (glm-dsa) GGUF models laid out the way llama.cpp's converter lays them out.
+
+`make_tiny` keeps GLM-5's real MLA latent sizes (kv_lora 512, rope 64, nope 192, v 256, indexer head 128)
+and shrinks everything else. Next to the GGUF it writes `<stem>.reference/` holding the float weights it
+started from (HF names, per-expert, kv_b_proj unsplit, MTP block included), the HF config.json and the
+trained tokenizer.json, so a reader can be checked against ground truth.
+
+The HF → GGUF direction below is written independently of tensor_map.py (which maps GGUF → HF), so the
+round-trip tests check one table against the other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable
+
+import gguf
+import numpy as np
+
+from ._tiny_corpus import TINY_CORPUS
+from .kquants import quantize_q4_k, quantize_q6_k
+from .kv_b import split_kv_b
+
+ARCH = "glm-dsa"
+QUANT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q6_K")
+# Further types accepted in `overrides` (gguf-py can quantize them): used to make files vLLM cannot run.
+EXTRA_OVERRIDE_TYPES = ("Q4_1", "Q5_1", "TQ1_0", "TQ2_0", "MXFP4")
+
+# llama-quantize (src/llama-quant.cpp) falls back when a tensor's row length ne0 is not a multiple of the
+# requested type's block size: Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0; if even that does not fit, F16.
+# In GLM-5 only attn_k_b (ne0 = nope = 192) is affected.
+BLOCK_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+
+FILE_TYPES = {
+    "F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16,
+    "BF16": gguf.LlamaFileType.MOSTLY_BF16, "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+    "Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0, "Q5_0": gguf.LlamaFileType.MOSTLY_Q5_0,
+    "Q4_K": gguf.LlamaFileType.MOSTLY_Q4_K_S, "Q6_K": gguf.LlamaFileType.MOSTLY_Q6_K,
+}
+
+GLM_SPECIAL_TOKENS = ("<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>",
+                      "<|user|>", "<|assistant|>", "<|observation|>", "<think>", "</think>")
+BPE_VOCAB_SIZE = 1536
+VOCAB_PAD_MULTIPLE = 64
+
+# A GLM-5-style chat template (written for these fixtures): [gMASK]<sop>, then role-tagged turns.
+CHAT_TEMPLATE = (
+    "[gMASK]<sop>"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'system' -%}<|system|>\n{{ message['content'] }}"
+    "{%- elif message['role'] == 'user' -%}<|user|>\n{{ message['content'] }}"
+    "{%- elif message['role'] == 'assistant' -%}<|assistant|>\n{{ message['content'] }}"
+    "{%- elif message['role'] in ('tool', 'observation') -%}<|observation|>\n{{ message['content'] }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<|assistant|>"
+    "{%- if enable_thinking is defined and not enable_thinking -%}{{ '\\n<think></think>' }}{%- endif -%}"
+    "{%- endif -%}"
+)
+
+
+@dataclass(frozen=True)
+class TinyTokenizer:
+    tokenizer_json: str  # as the tokenizers library saves it (no padding entries)
+    tokens: list[str]  # GGUF token list: BPE vocab, special tokens, then [PAD{i}] up to the padded size
+    token_types: list[int]
+    merges: list[str]
+    special_ids: dict[str, int]  # token text → id
+
+
+@lru_cache(maxsize=4)
+def tiny_tokenizer(pre: str = "glm4") -> TinyTokenizer:
+    """Train a byte-level BPE vocabulary on the embedded corpus (deterministic) and add GLM special tokens."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from .tokenizer import TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNUSED, make_pre_tokenizer
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = make_pre_tokenizer(pre)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=BPE_VOCAB_SIZE, min_frequency=1, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[])
+    tokenizer.train_from_iterator([TINY_CORPUS], trainer=trainer)
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in GLM_SPECIAL_TOKENS])
+
+    by_id = {i: t for t, i in tokenizer.get_vocab(with_added_tokens=True).items()}
+    tokens = [by_id[i] for i in range(len(by_id))]
+    special_ids = {t: tokenizer.token_to_id(t) for t in GLM_SPECIAL_TOKENS}
+    types = [TOKEN_CONTROL if t in special_ids else TOKEN_NORMAL for t in tokens]
+    # The converter pads the token list to the model's vocab size with unused [PAD{id}] entries.
+    padded = -(-len(tokens) // VOCAB_PAD_MULTIPLE) * VOCAB_PAD_MULTIPLE
+    tokens += [f"[PAD{i}]" for i in range(len(tokens), padded)]
+    types += [TOKEN_UNUSED] * (padded - len(types))
+
+    saved = tokenizer.to_str()
+    merges = [m if isinstance(m, str) else " ".join(m) for m in json.loads(saved)["model"]["merges"]]
+    return TinyTokenizer(saved, tokens, types, merges, special_ids)
+
+
+def tiny_hf_config(*, layers: int, heads: int, index_heads: int, index_topk: int, mtp: bool,
+                   tokenizer: TinyTokenizer, tie_embeddings: bool = False) -> dict[str, Any]:
+    """The HF glm_moe_dsa config.json of a tiny model (what build_hf_config must reproduce)."""
+    ids = tokenizer.special_ids
+    return {
+        "architectures": ["GlmMoeDsaForCausalLM"],
+        "model_type": "glm_moe_dsa",
+        "dtype": "bfloat16",
+        "torch_dtype": "bfloat16",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "hidden_act": "silu",
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "moe_intermediate_size": 256,
+        "num_hidden_layers": layers,
+        "num_nextn_predict_layers": 1 if mtp else 0,
+        "first_k_dense_replace": 1,
+        "moe_layer_freq": 1,
+        "num_attention_heads": heads,
+        "num_key_value_heads": heads,
+        "q_lora_rank": 256,
+        "kv_lora_rank": 512,
+        "qk_nope_head_dim": 192,
+        "qk_rope_head_dim": 64,
+        "qk_head_dim": 256,
+        "v_head_dim": 256,
+        "head_dim": 64,
+        "index_n_heads": index_heads,
+        "index_head_dim": 128,
+        "index_topk": index_topk,
+        "indexer_rope_interleave": True,
+        "rope_interleave": True,
+        "n_routed_experts": 8,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "n_group": 1,
+        "topk_group": 1,
+        "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid",
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 2.5,
+        "rms_norm_eps": 1e-05,
+        "rope_parameters": {"rope_theta": 1000000, "rope_type": "default"},
+        "rope_theta": 1000000,
+        "rope_scaling": None,
+        "max_position_embeddings": 8192,
+        "vocab_size": len(tokenizer.tokens),
+        "tie_word_embeddings": tie_embeddings,
+        "ep_size": 1,
+        "pretraining_tp": 1,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "bos_token_id": ids["[gMASK]"],
+        "eos_token_id": [ids["<|endoftext|>"], ids["<|user|>"], ids["<|observation|>"]],
+        "pad_token_id": ids["<|endoftext|>"],
+    }
+
+
+def hf_weight_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """HF checkpoint tensor names → shapes (torch [out, in]); MTP block at index num_hidden_layers."""
+    c = config
+    hidden, vocab = c["hidden_size"], c["vocab_size"]
+    heads, nope, rope, v_dim = c["num_attention_heads"], c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
+    shared = c["moe_intermediate_size"] * c["n_shared_experts"]
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, hidden), "model.norm.weight": (hidden,)}
+    if not c["tie_word_embeddings"]:
+        shapes["lm_head.weight"] = (vocab, hidden)
+    for layer in range(c["num_hidden_layers"] + c["num_nextn_predict_layers"]):
+        p = f"model.layers.{layer}."
+        shapes.update({
+            p + "input_layernorm.weight": (hidden,),
+            p + "post_attention_layernorm.weight": (hidden,),
+            p + "self_attn.q_a_proj.weight": (c["q_lora_rank"], hidden),
+            p + "self_attn.q_a_layernorm.weight": (c["q_lora_rank"],),
+            p + "self_attn.q_b_proj.weight": (heads * (nope + rope), c["q_lora_rank"]),
+            p + "self_attn.kv_a_proj_with_mqa.weight": (c["kv_lora_rank"] + rope, hidden),
+            p + "self_attn.kv_a_layernorm.weight": (c["kv_lora_rank"],),
+            p + "self_attn.kv_b_proj.weight": (heads * (nope + v_dim), c["kv_lora_rank"]),
+            p + "self_attn.o_proj.weight": (hidden, heads * v_dim),
+            p + "self_attn.indexer.wq_b.weight": (c["index_n_heads"] * c["index_head_dim"], c["q_lora_rank"]),
+            p + "self_attn.indexer.wk.weight": (c["index_head_dim"], hidden),
+            p + "self_attn.indexer.k_norm.weight": (c["index_head_dim"],),
+            p + "self_attn.indexer.k_norm.bias": (c["index_head_dim"],),
+            p + "self_attn.indexer.weights_proj.weight": (c["index_n_heads"], hidden),
+        })
+        if layer < c["first_k_dense_replace"]:
+            for proj in ("gate_proj", "up_proj"):
+                shapes[p + f"mlp.{proj}.weight"] = (c["intermediate_size"], hidden)
+            shapes[p + "mlp.down_proj.weight"] = (hidden, c["intermediate_size"])
+        else:
+            shapes[p + "mlp.gate.weight"] = (c["n_routed_experts"], hidden)
+            shapes[p + "mlp.gate.e_score_correction_bias"] = (c["n_routed_experts"],)
+            for e in range(c["n_routed_experts"]):
+                shapes[p + f"mlp.experts.{e}.gate_proj.weight"] = (c["moe_intermediate_size"], hidden)
+                shapes[p + f"mlp.experts.{e}.up_proj.weight"] = (c["moe_intermediate_size"], hidden)
+                shapes[p + f"mlp.experts.{e}.down_proj.weight"] = (hidden, c["moe_intermediate_size"])
+            shapes[p + "mlp.shared_experts.gate_proj.weight"] = (shared, hidden)
+            shapes[p + "mlp.shared_experts.up_proj.weight"] = (shared, hidden)
+            shapes[p + "mlp.shared_experts.down_proj.weight"] = (hidden, shared)
+        if layer >= c["num_hidden_layers"]:
+            shapes[p + "eh_proj.weight"] = (hidden, 2 * hidden)
+            for norm in ("enorm", "hnorm", "shared_head.norm"):
+                shapes[p + f"{norm}.weight"] = (hidden,)
+    return shapes
+
+
+def random_hf_weights(config: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
+    """Deterministic float32 weights: norms near 1, biases and matrices small and zero-mean."""
+    rng = np.random.default_rng(seed)
+    weights = {}
+    for name, shape in hf_weight_shapes(config).items():
+        if len(shape) == 1 and name.endswith("norm.weight"):
+            values = 1.0 + 0.1 * rng.standard_normal(shape)
+        elif len(shape) == 1:
+            values = 0.1 * rng.standard_normal(shape)
+        else:
+            values = rng.standard_normal(shape) / math.sqrt(shape[-1])
+        weights[name] = values.astype(np.float32)
+    return weights
+
+
+# Converter-side renames inside a block (HF suffix → GGUF suffix).
+_HF_TO_GGUF_BLOCK = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_a_proj.weight": "attn_q_a.weight",
+    "self_attn.q_a_layernorm.weight": "attn_q_a_norm.weight",
+    "self_attn.q_b_proj.weight": "attn_q_b.weight",
+    "self_attn.kv_a_proj_with_mqa.weight": "attn_kv_a_mqa.weight",
+    "self_attn.kv_a_layernorm.weight": "attn_kv_a_norm.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.indexer.wq_b.weight": "indexer.attn_q_b.weight",
+    "self_attn.indexer.wk.weight": "indexer.attn_k.weight",
+    "self_attn.indexer.k_norm.weight": "indexer.k_norm.weight",
+    "self_attn.indexer.k_norm.bias": "indexer.k_norm.bias",
+    "self_attn.indexer.weights_proj.weight": "indexer.proj.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+    "mlp.gate.weight": "ffn_gate_inp.weight",
+    "mlp.gate.e_score_correction_bias": "exp_probs_b.bias",
+    "mlp.shared_experts.gate_proj.weight": "ffn_gate_shexp.weight",
+    "mlp.shared_experts.up_proj.weight": "ffn_up_shexp.weight",
+    "mlp.shared_experts.down_proj.weight": "ffn_down_shexp.weight",
+    "eh_proj.weight": "nextn.eh_proj.weight",
+    "enorm.weight": "nextn.enorm.weight",
+    "hnorm.weight": "nextn.hnorm.weight",
+    "shared_head.norm.weight": "nextn.shared_head_norm.weight",
+}
+_HF_TO_GGUF_GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+                      "lm_head.weight": "output.weight"}
+
+
+def hf_to_gguf_tensors(weights: dict[str, np.ndarray], config: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Apply the converter's transforms: renames, kv_b split, expert stacking (float32, numpy order)."""
+    out: dict[str, np.ndarray] = {}
+    for hf_name, gguf_name in _HF_TO_GGUF_GLOBAL.items():
+        if hf_name in weights:
+            out[gguf_name] = weights[hf_name]
+    for layer in range(config["num_hidden_layers"] + config["num_nextn_predict_layers"]):
+        p, blk = f"model.layers.{layer}.", f"blk.{layer}."
+        for hf_suffix, gguf_suffix in _HF_TO_GGUF_BLOCK.items():
+            if p + hf_suffix in weights:
+                out[blk + gguf_suffix] = weights[p + hf_suffix]
+        k_b, v_b = split_kv_b(weights[p + "self_attn.kv_b_proj.weight"], config, layer=layer)
+        out[blk + "attn_k_b.weight"] = k_b
+        out[blk + "attn_v_b.weight"] = v_b
+        if p + "mlp.experts.0.gate_proj.weight" in weights:
+            for proj in ("gate", "up", "down"):
+                out[blk + f"ffn_{proj}_exps.weight"] = np.stack(
+                    [weights[p + f"mlp.experts.{e}.{proj}_proj.weight"] for e in range(config["n_routed_experts"])])
+    return out
+
+
+def never_quantized(gguf_name: str, array: np.ndarray) -> bool:
+    """llama.cpp keeps 1-D tensors, norms, the router and biases in F32."""
+    return array.ndim == 1 or gguf_name.endswith(("_norm.weight", "ffn_gate_inp.weight", ".bias"))
+
+
+def choose_type(gguf_name: str, array: np.ndarray, quant: str, overrides: dict[str, str] | None = None) -> str:
+    if overrides and gguf_name in overrides:
+        return overrides[gguf_name]
+    if never_quantized(gguf_name, array):
+        return "F32"
+    block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[quant]][0]
+    if array.shape[-1] % block == 0:
+        return quant
+    fallback = BLOCK_FALLBACK.get(quant, "F16")
+    if array.shape[-1] % gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[fallback]][0] != 0:
+        return "F16"
+    return fallback
+
+
+def encode_tensor(array: np.ndarray, type_name: str) -> tuple[np.ndarray, gguf.GGMLQuantizationType | None]:
+    """(data, raw_dtype) ready for GGUFWriter.add_tensor."""
+    qtype = gguf.GGMLQuantizationType[type_name]
+    if type_name == "F32":
+        return np.ascontiguousarray(array, dtype=np.float32), None
+    if type_name == "F16":
+        return np.ascontiguousarray(array, dtype=np.float16), None
+    if type_name == "Q4_K":
+        return quantize_q4_k(array), qtype
+    if type_name == "Q6_K":
+        return quantize_q6_k(array), qtype
+    return gguf.quants.quantize(np.ascontiguousarray(array, dtype=np.float32), qtype), qtype
+
+
+def glm_dsa_metadata(config: dict[str, Any], tokenizer: TinyTokenizer, quant: str, pre: str) -> dict[str, tuple]:
+    """key → (value, GGUFValueType) in the order llama.cpp's GlmMoeDsaModel converter writes them."""
+    V = gguf.GGUFValueType
+    c = config
+    a = ARCH + "."
+    ids = tokenizer.special_ids
+    kv = {
+        "general.type": ("model", V.STRING),
+        "general.name": ("GLM-5 tiny test model", V.STRING),
+        a + "block_count": (c["num_hidden_layers"] + c["num_nextn_predict_layers"], V.UINT32),
+        a + "context_length": (c["max_position_embeddings"], V.UINT32),
+        a + "embedding_length": (c["hidden_size"], V.UINT32),
+        a + "feed_forward_length": (c["intermediate_size"], V.UINT32),
+        a + "attention.head_count": (c["num_attention_heads"], V.UINT32),
+        a + "attention.head_count_kv": (1, V.UINT32),  # MLA is run as MQA over the latent
+        a + "rope.freq_base": (float(c["rope_parameters"]["rope_theta"]), V.FLOAT32),
+        a + "attention.layer_norm_rms_epsilon": (c["rms_norm_eps"], V.FLOAT32),
+        a + "expert_used_count": (c["num_experts_per_tok"], V.UINT32),
+        a + "expert_group_count": (c["n_group"], V.UINT32),
+        a + "expert_group_used_count": (c["topk_group"], V.UINT32),
+        a + "expert_gating_func": (2, V.UINT32),  # sigmoid
+        a + "attention.key_length": (c["kv_lora_rank"] + c["qk_rope_head_dim"], V.UINT32),
+        a + "attention.value_length": (c["kv_lora_rank"], V.UINT32),
+        "general.file_type": (int(FILE_TYPES.get(quant, gguf.LlamaFileType.GUESSED)), V.UINT32),
+        a + "leading_dense_block_count": (c["first_k_dense_replace"], V.UINT32),
+        a + "vocab_size": (c["vocab_size"], V.UINT32),
+        a + "attention.q_lora_rank": (c["q_lora_rank"], V.UINT32),
+        a + "attention.kv_lora_rank": (c["kv_lora_rank"], V.UINT32),
+        a + "attention.key_length_mla": (c["qk_nope_head_dim"] + c["qk_rope_head_dim"], V.UINT32),
+        a + "attention.value_length_mla": (c["v_head_dim"], V.UINT32),
+        a + "expert_feed_forward_length": (c["moe_intermediate_size"], V.UINT32),
+        a + "expert_count": (c["n_routed_experts"], V.UINT32),
+        a + "expert_shared_count": (c["n_shared_experts"], V.UINT32),
+        a + "expert_weights_scale": (c["routed_scaling_factor"], V.FLOAT32),
+        a + "expert_weights_norm": (c["norm_topk_prob"], V.BOOL),
+        a + "rope.dimension_count": (c["qk_rope_head_dim"], V.UINT32),
+        a + "nextn_predict_layers": (c["num_nextn_predict_layers"], V.UINT32),
+        a + "attention.indexer.head_count": (c["index_n_heads"], V.UINT32),
+        a + "attention.indexer.key_length": (c["index_head_dim"], V.UINT32),
+        a + "attention.indexer.top_k": (c["index_topk"], V.UINT32),
+        "general.quantization_version": (gguf.GGML_QUANT_VERSION, V.UINT32),
+        "tokenizer.ggml.model": ("gpt2", V.STRING),
+        "tokenizer.ggml.pre": (pre, V.STRING),
+        "tokenizer.ggml.tokens": (tokenizer.tokens, V.ARRAY),
+        "tokenizer.ggml.token_type": (tokenizer.token_types, V.ARRAY),
+        "tokenizer.ggml.merges": (tokenizer.merges, V.ARRAY),
+        "tokenizer.ggml.eos_token_id": (ids["<|endoftext|>"], V.UINT32),
+        "tokenizer.ggml.padding_token_id": (ids["<|endoftext|>"], V.UINT32),
+        "tokenizer.ggml.bos_token_id": (ids["[gMASK]"], V.UINT32),
+        "tokenizer.ggml.eot_token_id": (ids["<|user|>"], V.UINT32),
+        "tokenizer.ggml.unknown_token_id": (ids["<|endoftext|>"], V.UINT32),
+        "tokenizer.ggml.eom_token_id": (ids["<|observation|>"], V.UINT32),
+        "tokenizer.chat_template": (CHAT_TEMPLATE, V.STRING),
+    }
+    return kv
+
+
+def _value_type_for(value: Any) -> gguf.GGUFValueType:
+    V = gguf.GGUFValueType
+    if isinstance(value, bool):
+        return V.BOOL
+    if isinstance(value, int):
+        return V.UINT32 if value >= 0 else V.INT32
+    if isinstance(value, float):
+        return V.FLOAT32
+    if isinstance(value, str):
+        return V.STRING
+    if isinstance(value, (list, tuple)):
+        return V.ARRAY
+    raise TypeError(f"cannot store {type(value).__name__} in GGUF metadata")
+
+
+def _same_kind(a: gguf.GGUFValueType, b: gguf.GGUFValueType) -> bool:
+    V = gguf.GGUFValueType
+    integers = {V.UINT8, V.INT8, V.UINT16, V.INT16, V.UINT32, V.INT32, V.UINT64, V.INT64}
+    floats = {V.FLOAT32, V.FLOAT64}
+    return a == b or (a in integers and b in integers) or (a in floats and b in floats)
+
+
+def reference_dir(out_path: str | Path) -> Path:
+    """`<dir>/<stem>.reference/` for `<dir>/<stem>.gguf`."""
+    out_path = Path(out_path)
+    return out_path.with_name(out_path.stem + ".reference")
+
+
+def make_tiny(out_path: str | Path, quant: str = "Q8_0", layers: int = 3, shards: int = 1, mtp: bool = True,
+              heads: int = 4, index_heads: int = 32, index_topk: int = 128, seed: int = 0, *,
+              overrides: dict[str, str] | None = None,
+              metadata_overrides: dict[str, Any] | None = None,
+              tensor_hook: Callable[[str, np.ndarray], np.ndarray | None] | None = None,
+              extra_tensors: dict[str, np.ndarray] | None = None,
+              tie_embeddings: bool = False, tokenizer_pre: str = "glm4",
+              write_reference: bool = True) -> list[Path]:
+    """Write a tiny random glm-dsa GGUF (or `shards` files) and its reference directory; return the GGUF paths.
+
+    quant: the type of every quantizable tensor (one of QUANT_TYPES); 1-D tensors, norms, router and biases
+      stay F32; rows that do not fit the type's block size use llama-quantize's fallback (BLOCK_FALLBACK).
+    overrides: GGUF tensor name → type name, applied last (any type gguf.quants can quantize, for tests).
+    metadata_overrides: key → value (None deletes the key); a value of the same kind (integer, float...)
+      keeps the original key's GGUF type, another kind changes it (to write deliberately bad files).
+    tensor_hook: called as hook(gguf_name, float32 array) before encoding; return a replacement array,
+      or None to leave the tensor out. The reference weights are not affected.
+    extra_tensors: GGUF name → float32 array, written after the model's own tensors (for tests).
+    """
+    if quant not in QUANT_TYPES:
+        raise ValueError(f"quant {quant!r}: expected one of {', '.join(QUANT_TYPES)}")
+    if layers < 2:
+        raise ValueError(f"layers={layers}: expected at least 2 (one dense block, one MoE block)")
+    if shards < 1:
+        raise ValueError(f"shards={shards}: expected at least 1")
+    out_path = Path(out_path)
+    if out_path.suffix != ".gguf":
+        raise ValueError(f"{out_path}: expected a path ending in .gguf")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+
+    tokenizer = tiny_tokenizer(tokenizer_pre)
+    config = tiny_hf_config(layers=layers, heads=heads, index_heads=index_heads, index_topk=index_topk, mtp=mtp,
+                            tokenizer=tokenizer, tie_embeddings=tie_embeddings)
+    weights = random_hf_weights(config, seed)
+    tensors = hf_to_gguf_tensors(weights, config)
+    tensors.update(extra_tensors or {})
+
+    metadata = glm_dsa_metadata(config, tokenizer, quant, tokenizer_pre)
+    for key, value in (metadata_overrides or {}).items():
+        if value is None:
+            metadata.pop(key, None)
+        else:
+            vtype = _value_type_for(value)
+            if key in metadata and _same_kind(metadata[key][1], vtype):
+                vtype = metadata[key][1]  # keep e.g. UINT32 vs INT32 as the converter wrote it
+            metadata[key] = (value, vtype)
+
+    encoded = []
+    for name, array in tensors.items():
+        if tensor_hook is not None:
+            array = tensor_hook(name, array)
+            if array is None:
+                continue
+        type_name = choose_type(name, array, quant, overrides)
+        encoded.append((name, *encode_tensor(array, type_name)))
+
+    per_shard = math.ceil(len(encoded) / shards) if shards > 1 else 0
+    writer = gguf.GGUFWriter(out_path, ARCH, split_max_tensors=per_shard)
+    for key, (value, vtype) in metadata.items():
+        if key == "general.architecture":
+            writer.kv_data[0].pop(key, None)  # the writer set it already; replace without a warning
+        writer.add_key_value(key, value, vtype)
+    for name, data, raw_dtype in encoded:
+        writer.add_tensor(name, data, raw_dtype=raw_dtype)
+    if len(writer.tensors) != shards:
+        raise ValueError(f"cannot split {len(encoded)} tensors into {shards} shards")
+    paths = writer.format_shard_names(out_path)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    if write_reference:
+        _write_reference(reference_dir(out_path), weights, config, tokenizer)
+    return [Path(p) for p in paths]
+
+
+def _write_reference(directory: Path, weights: dict[str, np.ndarray], config: dict[str, Any],
+                     tokenizer: TinyTokenizer) -> None:
+    from safetensors.numpy import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(weights, str(directory / "model.safetensors"), metadata={"format": "np"})
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    (directory / "tokenizer.json").write_text(tokenizer.tokenizer_json, encoding="utf-8")
+
+
+# --- command line ---------------------------------------------------------------------------------------
+
+def add_make_tiny_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("out", metavar="OUT.gguf", help="output file (shards get -0000k-of-0000N inserted)")
+    parser.add_argument("--quant", default="Q8_0", choices=QUANT_TYPES, help="type of quantizable tensors")
+    parser.add_argument("--layers", type=int, default=3, help="decoder layers, without the MTP layer (>= 2)")
+    parser.add_argument("--shards", type=int, default=1, help="number of GGUF files")
+    parser.add_argument("--heads", type=int, default=4, help="attention heads")
+    parser.add_argument("--index-heads", type=int, default=32, help="DSA indexer heads")
+    parser.add_argument("--index-topk", type=int, default=128, help="DSA indexer top-k")
+    parser.add_argument("--no-mtp", action="store_true", help="leave out the MTP (nextn) layer")
+    parser.add_argument("--seed", type=int, default=0, help="random seed of the weights")
+    return parser
+
+
+def run_make_tiny(args: argparse.Namespace) -> int:
+    paths = make_tiny(args.out, quant=args.quant, layers=args.layers, shards=args.shards, mtp=not args.no_mtp,
+                      heads=args.heads, index_heads=args.index_heads, index_topk=args.index_topk, seed=args.seed)
+    for path in paths:
+        print(path)
+    print(reference_dir(args.out))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m glm5_shim.gguf.fixture",
+                                     description="Write tiny random GLM-5 (glm-dsa) GGUF test models.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    add_make_tiny_arguments(commands.add_parser("make-tiny", help="write a tiny glm-dsa GGUF and its reference"))
+    args = parser.parse_args(argv)
+    try:
+        return run_make_tiny(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

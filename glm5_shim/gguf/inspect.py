@@ -1,0 +1,197 @@
+"""Summarise a glm-dsa GGUF: config, tensor types, validator findings, GPU weight memory and KV-cache size.
+
+Weight memory per GPU for tensor parallel size TP (the MTP block is left out, the loader skips it):
+  * divided by TP: column/row-parallel linears (attn_q_b, kv_b, attn_output, dense and shared-expert FFN),
+    routed experts (split by TP or EP either way), the vocab embedding and lm_head;
+  * replicated on every GPU: norms, the DSA indexer (wq_b, wk, weights_proj, k_norm), the fused
+    q_a/kv_a projection (vLLM builds it with disable_tp), the router and its bias;
+  * bytes: quantized tensors keep their GGUF size; float tensors, and the ones the loader turns into float
+    (kv_b rebuilt from attn_k_b + attn_v_b, indexer wk / weights_proj), take 2 bytes per value (bfloat16).
+KV cache per token (MLA keeps one latent per token, replicated across TP ranks), summed over
+num_hidden_layers:
+  * MLA latent: (kv_lora + rope) values x 2 bytes in bf16 = 1152 B for GLM-5, or fp8_ds_mla:
+    kv_lora fp8 bytes + 4-byte scale per 128 values + rope x 2 bytes = 656 B;
+  * DSA indexer keys: index_head_dim fp8 bytes + 4-byte scale per 128 values = 132 B.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from .config import build_hf_config
+from .dequant import is_float_type
+from .errors import GGUFError
+from .reader import GLM_DSA_ARCH, GGUFModel, open_gguf
+from .tensor_map import ROLE_EXPERTS, ROLE_FORCE_FLOAT, ROLE_REBUILD_KV_B, build_tensor_map
+from .validate import validate_model
+
+TP_SIZES = (1, 2, 4, 8)
+BF16_BYTES = 2
+
+# GGUF tensor name endings that vLLM shards across TP ranks (everything else in a layer is replicated).
+_TP_SHARDED_SUFFIXES = (
+    "attn_q_b.weight", "attn_output.weight", "attn_k_b.weight", "attn_v_b.weight", "attn_kv_b.weight",
+    "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight",
+    "ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight",
+    "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight",
+)
+_TP_SHARDED_GLOBALS = ("token_embd.weight", "output.weight")
+
+
+def tensor_is_tp_sharded(gguf_name: str) -> bool:
+    return gguf_name in _TP_SHARDED_GLOBALS or (gguf_name.startswith("blk.")
+                                                and gguf_name.endswith(_TP_SHARDED_SUFFIXES)
+                                                and ".indexer." not in gguf_name)
+
+
+def weight_bytes_per_gpu(model: GGUFModel, config: dict[str, Any], tp_sizes=TP_SIZES) -> dict[int, int]:
+    """Bytes of weights each GPU holds for each TP size (rule in the module docstring)."""
+    tensor_map = build_tensor_map(config, include_mtp=True)
+    sharded, replicated = 0, 0
+    for info in model:
+        spec = tensor_map.get(info.name)
+        if spec is not None and spec.is_mtp:
+            continue
+        role = spec.base_role if spec is not None else None
+        if role in (ROLE_REBUILD_KV_B, ROLE_FORCE_FLOAT) or is_float_type(info.type_name):
+            size = info.n_elements * BF16_BYTES
+        else:
+            size = info.n_bytes
+        if tensor_is_tp_sharded(info.name):
+            sharded += size
+        else:
+            replicated += size
+    return {tp: replicated + -(-sharded // tp) for tp in tp_sizes}
+
+
+def kv_cache_bytes_per_token(config: dict[str, Any]) -> dict[str, int]:
+    """KV-cache bytes per token, all layers (rule in the module docstring)."""
+    kv_lora, rope = config["kv_lora_rank"], config["qk_rope_head_dim"]
+    index_dim = config["index_head_dim"]
+    layers = config["num_hidden_layers"]
+    mla_bf16 = (kv_lora + rope) * BF16_BYTES
+    mla_fp8 = kv_lora + (kv_lora // 128) * 4 + rope * BF16_BYTES
+    indexer = index_dim + (index_dim // 128) * 4
+    return {
+        "layers": layers,
+        "mla_bf16_per_layer": mla_bf16,
+        "mla_fp8_ds_mla_per_layer": mla_fp8,
+        "indexer_per_layer": indexer,
+        "total_bf16": (mla_bf16 + indexer) * layers,
+        "total_fp8_ds_mla": (mla_fp8 + indexer) * layers,
+    }
+
+
+def inspect_report(path: str | Path) -> dict[str, Any]:
+    """Everything `format_report` prints, as plain data (JSON-serialisable)."""
+    try:
+        model = open_gguf(path, expected_architecture=GLM_DSA_ARCH)
+    except GGUFError as exc:
+        return {"path": str(path), "error": str(exc), "findings": [{"level": "error", "message": str(exc)}]}
+    report: dict[str, Any] = {
+        "path": str(model.path),
+        "shards": [str(p) for p in model.paths],
+        "file_bytes": model.file_size,
+        "architecture": model.architecture,
+        "tensor_count": len(model.tensors),
+        "tensor_types": dict(sorted(Counter(t.type_name for t in model).items())),
+        "tensor_bytes_by_type": {},
+        "findings": [{"level": f.level, "message": f.message} for f in validate_model(model)],
+    }
+    by_type: Counter = Counter()
+    for info in model:
+        by_type[info.type_name] += info.n_bytes
+    report["tensor_bytes_by_type"] = dict(sorted(by_type.items()))
+    try:
+        config = build_hf_config(model, check_shapes=False)
+    except GGUFError as exc:
+        report["error"] = str(exc)
+        return report
+    report["config"] = config
+    tensor_map = build_tensor_map(config, include_mtp=True)
+    report["roles"] = dict(sorted(Counter(
+        (tensor_map[t.name].role if t.name in tensor_map else "unknown") for t in model).items()))
+    report["mtp_bytes"] = sum(t.n_bytes for t in model if t.name in tensor_map and tensor_map[t.name].is_mtp)
+    report["experts_bytes"] = sum(t.n_bytes for t in model
+                                  if t.name in tensor_map and tensor_map[t.name].base_role == ROLE_EXPERTS)
+    report["weight_bytes_per_gpu"] = {str(tp): b for tp, b in weight_bytes_per_gpu(model, config).items()}
+    report["kv_cache_bytes_per_token"] = kv_cache_bytes_per_token(config)
+    return report
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def format_report(report: dict[str, Any]) -> str:
+    lines = [f"GGUF: {report['path']}"]
+    if "architecture" not in report:
+        lines.append(f"ERROR: {report.get('error')}")
+        return "\n".join(lines)
+    if len(report.get("shards", [])) > 1:
+        lines.append(f"shards: {len(report['shards'])}")
+    lines.append(f"architecture: {report['architecture']}   size: {_size(report['file_bytes'])}   "
+                 f"tensors: {report['tensor_count']}")
+    lines.append("tensor types: " + ", ".join(
+        f"{name} x{count} ({_size(report['tensor_bytes_by_type'][name])})"
+        for name, count in report["tensor_types"].items()))
+    config = report.get("config")
+    if config:
+        lines.append("config:")
+        for key in ("num_hidden_layers", "num_nextn_predict_layers", "hidden_size", "num_attention_heads",
+                    "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                    "index_n_heads", "index_head_dim", "index_topk", "n_routed_experts", "num_experts_per_tok",
+                    "n_shared_experts", "moe_intermediate_size", "intermediate_size", "first_k_dense_replace",
+                    "vocab_size", "max_position_embeddings", "tie_word_embeddings"):
+            lines.append(f"  {key}: {config[key]}")
+        lines.append("tensor roles: " + ", ".join(f"{k} x{v}" for k, v in report["roles"].items()))
+        lines.append(f"MTP block (skipped by the loader): {_size(report['mtp_bytes'])}")
+        lines.append("weights per GPU (MTP excluded; TP-split: q_b/kv_b/o_proj/FFN/experts/embedding/lm_head; "
+                     "replicated: norms/indexer/q_a+kv_a/router; float as bf16):")
+        for tp, size in report["weight_bytes_per_gpu"].items():
+            lines.append(f"  TP{tp}: {_size(size)}")
+        kv = report["kv_cache_bytes_per_token"]
+        lines.append(f"KV cache per token ({kv['layers']} layers, same on every TP rank): "
+                     f"bf16 {kv['total_bf16']} B (MLA {kv['mla_bf16_per_layer']} + indexer {kv['indexer_per_layer']} "
+                     f"per layer), fp8_ds_mla {kv['total_fp8_ds_mla']} B (MLA {kv['mla_fp8_ds_mla_per_layer']} + "
+                     f"indexer {kv['indexer_per_layer']} per layer)")
+    findings = report.get("findings", [])
+    errors = sum(f["level"] == "error" for f in findings)
+    lines.append(f"findings: {errors} error(s), {len(findings) - errors} warning(s)")
+    for finding in findings:
+        lines.append(f"  {finding['level']}: {finding['message']}")
+    if report.get("error") and config is None:
+        lines.append(f"ERROR: {report['error']}")
+    return "\n".join(lines)
+
+
+def add_inspect_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("path", metavar="MODEL.gguf", help="a .gguf file, or the first shard of a split model")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    return parser
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    report = inspect_report(args.path)
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 1 if any(f["level"] == "error" for f in report.get("findings", [])) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m glm5_shim.gguf.inspect",
+                                     description="Summarise a GLM-5 (glm-dsa) GGUF.")
+    add_inspect_arguments(parser)
+    return run_inspect(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""Check a glm-dsa GGUF before loading it in vLLM 0.23, from headers, names and shapes only (no tensor data).
+
+`validate(path)` returns every problem found; `check(path)` raises GGUFError with the first error.
+
+Levels:
+  error    the file is malformed, is not GLM-5, or holds something vLLM 0.23 cannot run
+  warning  the loader has to work around it (or it is harmless): mixed fused groups, differing gate/up
+           expert types, float routed experts, problems confined to the skipped MTP block, stray tensors
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+
+from .config import build_hf_config, config_shape_problems
+from .dequant import VLLM_DEQUANT_TYPES, VLLM_RUNNABLE_TYPES, can_dequantize, is_float_type
+from .errors import GGUFError
+from .reader import GLM_DSA_ARCH, GGUFModel, open_gguf
+from .tensor_map import ROLE_EXPERTS, TensorMap, build_tensor_map, known_unused_tensor
+
+ERROR = "error"
+WARNING = "warning"
+
+
+@dataclass(frozen=True)
+class Finding:
+    level: str  # ERROR or WARNING
+    message: str  # one line, naming the file and the tensor or key
+    tensor: str | None = None
+    key: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.level}: {self.message}"
+
+
+def validate(path: str | Path) -> list[Finding]:
+    """Every problem found in the model at `path` (single file or any shard of a split model)."""
+    try:
+        model = open_gguf(path, expected_architecture=GLM_DSA_ARCH)
+    except GGUFError as exc:
+        return [Finding(ERROR, str(exc))]
+    return validate_model(model)
+
+
+def check(path: str | Path) -> list[Finding]:
+    """Raise GGUFError with the first error; return the warnings when there is none."""
+    findings = validate(path)
+    for finding in findings:
+        if finding.level == ERROR:
+            raise GGUFError(finding.message)
+    return findings
+
+
+def validate_model(model: GGUFModel) -> list[Finding]:
+    findings: list[Finding] = []
+    try:
+        config = build_hf_config(model, check_shapes=False)
+    except GGUFError as exc:
+        return [Finding(ERROR, str(exc))]
+    findings += [Finding(ERROR, message) for message in config_shape_problems(model, config)]
+    findings += _metadata_findings(model, config)
+
+    tensor_map = build_tensor_map(config, include_mtp=True)
+    findings += _presence_findings(model, tensor_map)
+    for info in model:
+        spec = tensor_map.get(info.name)
+        if spec is not None:
+            findings += _tensor_findings(model, info, spec)
+    findings += _group_findings(model, tensor_map)
+    return findings
+
+
+def _metadata_findings(model: GGUFModel, config: dict) -> list[Finding]:
+    out = []
+    path, arch, md = model.path, model.architecture, model.metadata
+    # The MQA view llama.cpp runs MLA as: key_length = kv_lora + rope, value_length = kv_lora.
+    if f"{arch}.attention.key_length_mla" in md:
+        for suffix, expected in (("attention.key_length", config["kv_lora_rank"] + config["qk_rope_head_dim"]),
+                                 ("attention.value_length", config["kv_lora_rank"])):
+            key = f"{arch}.{suffix}"
+            if key in md and md[key] != expected:
+                out.append(Finding(WARNING, f"{path}: metadata key {key} is {md[key]}, expected {expected} "
+                                            f"(llama.cpp's MLA-as-MQA size); ignored by the shim", key=key))
+    if md.get("tokenizer.ggml.model") != "gpt2" or "tokenizer.ggml.tokens" not in md:
+        out.append(Finding(WARNING, f"{path}: metadata key tokenizer.ggml.model is {md.get('tokenizer.ggml.model')!r}"
+                                    f", expected 'gpt2' with tokenizer.ggml.tokens: the tokenizer cannot be built "
+                                    f"from this file", key="tokenizer.ggml.model"))
+    elif "tokenizer.ggml.merges" not in md:
+        out.append(Finding(WARNING, f"{path}: metadata key tokenizer.ggml.merges is missing: the BPE tokenizer cannot "
+                                    f"be built from this file", key="tokenizer.ggml.merges"))
+    return out
+
+
+def _presence_findings(model: GGUFModel, tensor_map: TensorMap) -> list[Finding]:
+    out = []
+    path = model.path
+    for spec in tensor_map.missing(model.tensors):
+        level = WARNING if spec.is_mtp else ERROR
+        out.append(Finding(level, f"{path}: tensor {spec.gguf_name} is missing (expected shape {list(spec.shape)}, "
+                                  f"loaded as {spec.hf_name})", tensor=spec.gguf_name))
+    for info in model:
+        if info.name in tensor_map:
+            continue
+        if known_unused_tensor(info.name):
+            out.append(Finding(WARNING, f"{info.path}: tensor {info.name} is not used by GLM-5 and will be ignored",
+                               tensor=info.name))
+        else:
+            out.append(Finding(ERROR, f"{info.path}: tensor {info.name} is unexpected in a glm-dsa model "
+                                      f"(type {info.type_name}, shape {list(info.shape)})", tensor=info.name))
+    return out
+
+
+def _tensor_findings(model: GGUFModel, info, spec) -> list[Finding]:
+    out = []
+    where = f"{info.path}: tensor {info.name}"
+    if info.shape != spec.shape:
+        out.append(Finding(ERROR, f"{where}: expected shape {list(spec.shape)} (from the metadata), "
+                                  f"found {list(info.shape)}", tensor=info.name))
+        return out
+    block_size = gguf.GGML_QUANT_SIZES[info.ggml_type][0]
+    if info.shape and info.shape[-1] % block_size != 0:
+        out.append(Finding(ERROR, f"{where}: row length {info.shape[-1]} is not a multiple of the {info.type_name} "
+                                  f"block size {block_size}", tensor=info.name))
+        return out
+
+    type_name = info.type_name
+    # The MTP block is skipped by the loader today, so type problems there do not stop serving.
+    level = WARNING if spec.is_mtp else ERROR
+    if spec.float_only:
+        if not is_float_type(type_name):
+            out.append(Finding(level, f"{where}: type {type_name} is not allowed, expected F32/F16/BF16 "
+                                      f"(vLLM loads this tensor unquantized)", tensor=info.name))
+    elif spec.loader_dequantizes:
+        if not can_dequantize(type_name):
+            out.append(Finding(level, f"{where}: type {type_name} cannot be dequantized by the gguf package, "
+                                      f"expected a type gguf.quants can dequantize (the loader makes this "
+                                      f"tensor float)", tensor=info.name))
+    elif type_name not in VLLM_RUNNABLE_TYPES:
+        # Routed experts must stay quantized (vLLM 0.23's GGUF MoE method); a linear weight can be made float.
+        if spec.base_role != ROLE_EXPERTS and can_dequantize(type_name):
+            extra_mib = info.n_elements * 2 / 2**20
+            out.append(Finding(WARNING, f"{where}: type {type_name} has no vLLM 0.23 kernel; the loader "
+                                        f"dequantizes it to a float weight (+{extra_mib:.0f} MiB at 16 bits)",
+                               tensor=info.name))
+        else:
+            out.append(Finding(level, f"{where}: type {type_name} is not supported by vLLM 0.23's GGUF kernels, "
+                                      f"expected one of F32/F16/BF16 or {'/'.join(sorted(VLLM_DEQUANT_TYPES))}",
+                               tensor=info.name))
+    elif spec.base_role == ROLE_EXPERTS and type_name not in VLLM_DEQUANT_TYPES:
+        out.append(Finding(WARNING, f"{where}: routed experts are {type_name}; vLLM 0.23's GGUF MoE method runs "
+                                    f"only quantized experts, so the loader re-quantizes them to Q8_0",
+                           tensor=info.name))
+    return out
+
+
+def _group_findings(model: GGUFModel, tensor_map: TensorMap) -> list[Finding]:
+    out = []
+    path = model.path
+    groups: dict[str, list] = {}
+    for info in model:
+        spec = tensor_map.get(info.name)
+        if spec is not None and spec.fused_group:
+            groups.setdefault(spec.fused_group, []).append(info)
+    for group, members in groups.items():
+        kinds = {is_float_type(m.type_name) for m in members}
+        if len(kinds) > 1:
+            listing = ", ".join(f"{m.name}={m.type_name}" for m in members)
+            out.append(Finding(WARNING, f"{path}: tensors {listing} form vLLM's fused {group} but are not all "
+                                        f"quantized or all float; the loader dequantizes the quantized ones",
+                               tensor=members[0].name))
+    for spec in tensor_map:
+        if not spec.gguf_name.endswith("ffn_gate_exps.weight"):
+            continue
+        up_name = spec.gguf_name.replace("ffn_gate_exps", "ffn_up_exps")
+        gate, up = model.tensors.get(spec.gguf_name), model.tensors.get(up_name)
+        if gate is not None and up is not None and gate.type_name != up.type_name:
+            out.append(Finding(WARNING, f"{path}: tensors {gate.name} ({gate.type_name}) and {up.name} "
+                                        f"({up.type_name}) differ in type; vLLM keeps one type for the fused w13 "
+                                        f"expert weight, so the loader re-quantizes both to Q8_0",
+                               tensor=gate.name))
+    return out

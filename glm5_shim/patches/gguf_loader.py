@@ -1,0 +1,79 @@
+"""GLM-5 weights from a glm-dsa GGUF.
+
+Target: ``vllm.model_executor.model_loader.gguf_loader.GGUFModelLoader.load_model`` / ``load_weights``.  For any
+model whose hf_config.model_type is ``glm_moe_dsa`` the replacement loads through an explicit plan
+(glm5_shim.gguf.load_plan) instead of vLLM's dummy-HF-model name map, which cannot map glm-dsa: kv_b_proj is
+rebuilt from attn_k_b/attn_v_b, indexer wk/weights_proj are dequantized, fused groups are made homogeneous,
+gate/up experts of different types are fixed, the MTP block is skipped with one log line, tied embeddings are
+decided over all shards, and after loading any parameter left uninitialised is an error that names it.
+Every other model goes through vLLM's code unchanged.
+"""
+from __future__ import annotations
+
+from glm5_shim.registry import Patch, require, require_attr, require_params
+
+GLM_MODEL_TYPE = "glm_moe_dsa"
+
+
+def _check(module) -> None:
+    cls = require_attr(module, "GGUFModelLoader", "vllm.model_executor.model_loader.gguf_loader")
+    require_params(require_attr(cls, "load_model", "GGUFModelLoader"), ("self", "vllm_config", "model_config"),
+                   "GGUFModelLoader.load_model")
+    require_params(require_attr(cls, "load_weights", "GGUFModelLoader"), ("self", "model", "model_config"),
+                   "GGUFModelLoader.load_weights")
+    require_attr(cls, "_prepare_weights", "GGUFModelLoader")
+    for name in ("initialize_model", "process_weights_after_loading", "set_default_torch_dtype"):
+        require(callable(getattr(module, name, None)), f"gguf_loader no longer imports {name}")
+
+
+def _is_glm(model_config) -> bool:
+    return getattr(getattr(model_config, "hf_config", None), "model_type", None) == GLM_MODEL_TYPE
+
+
+def _apply(module, patch: Patch) -> None:
+    cls = module.GGUFModelLoader
+    original_load_model = cls.load_model
+    original_load_weights = cls.load_weights
+
+    def load_model(self, vllm_config, model_config, prefix: str = ""):
+        if not _is_glm(model_config):
+            return original_load_model(self, vllm_config, model_config, prefix)
+        import torch
+
+        from glm5_shim.backend.gguf_loading import load_plan_for, prepare_quant_config
+
+        plan = load_plan_for(self._prepare_weights(model_config))
+        if plan.tied_embeddings:
+            model_config.hf_config.update({"tie_word_embeddings": True})
+        prepare_quant_config(vllm_config.quant_config, plan)
+        target_device = torch.device(vllm_config.device_config.device)
+        with module.set_default_torch_dtype(model_config.dtype):
+            with target_device:
+                model = module.initialize_model(vllm_config=vllm_config, prefix=prefix)
+            self.load_weights(model, model_config)
+            module.process_weights_after_loading(model, model_config, target_device)
+        return model
+
+    def load_weights(self, model, model_config) -> None:
+        if not _is_glm(model_config):
+            return original_load_weights(self, model, model_config)
+        from glm5_shim.backend.gguf_loading import load_glm_weights
+
+        load_glm_weights(model, self._prepare_weights(model_config), self.load_config)
+
+    patch.replace(cls, "load_model", load_model)
+    patch.replace(cls, "load_weights", load_weights)
+
+
+PATCHES = [
+    Patch(
+        name="gguf-loader",
+        target="vllm.model_executor.model_loader.gguf_loader",
+        replaces=("vllm.model_executor.model_loader.gguf_loader:GGUFModelLoader.load_model",
+                  "vllm.model_executor.model_loader.gguf_loader:GGUFModelLoader.load_weights"),
+        summary="glm-dsa weights through an explicit plan (kv_b rebuild, float indexer, MTP skipped); "
+                "fails naming any parameter left unloaded",
+        check=_check,
+        apply=_apply,
+    )
+]

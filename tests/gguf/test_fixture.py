@@ -1,0 +1,200 @@
+"""The fixture writer: K-quant encoders, llama.cpp layout rules, metadata, reference files, CLI."""
+
+from __future__ import annotations
+
+import json
+
+import gguf
+import numpy as np
+import pytest
+
+from glm5_shim.gguf import fixture
+from glm5_shim.gguf.errors import GGUFError
+from glm5_shim.gguf.kquants import quantize_q4_k, quantize_q6_k
+from glm5_shim.gguf.kv_b import rebuild_kv_b, split_kv_b
+from glm5_shim.gguf.reader import open_gguf
+
+Q = gguf.GGMLQuantizationType
+
+
+@pytest.mark.parametrize("encode, qtype, bound", [(quantize_q4_k, Q.Q4_K, 0.08), (quantize_q6_k, Q.Q6_K, 0.02)])
+def test_kquant_round_trip_through_gguf_dequantize(encode, qtype, bound):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3, 5, 512)).astype(np.float32)
+    x[0, 0, :256] = 0.0  # an all-zero block must stay exactly zero
+    x[1, 1, :256] = np.linspace(-4, 9, 256)  # a skewed block (positive heavy)
+    x[2, 2, 256:] *= 0.02  # a block far smaller than its neighbours (still within f16 scale range)
+    data = encode(x)
+    block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    assert data.dtype == np.uint8 and data.shape == (3, 5, 512 // block_size * type_size)
+    y = gguf.quants.dequantize(data, qtype)
+    assert y.shape == x.shape
+    np.testing.assert_array_equal(y[0, 0, :256], 0.0)
+    blocks_x, blocks_y = x.reshape(-1, 256), y.reshape(-1, 256)
+    for bx, by in zip(blocks_x, blocks_y):
+        amax = np.abs(bx).max()
+        assert np.abs(by - bx).max() <= bound * amax + 1e-12
+    # Not a trivially lossless copy: the 4/6-bit grid shows.
+    assert np.abs(y - x).max() > 0
+
+
+def test_q6_k_exact_on_its_own_grid():
+    # Values d * scale[j] * (q - 32) with d a power of two, the largest scale 127 and every sub-block
+    # reaching |q - 32| = 31 are exactly what the encoder picks, so they must come back bit-exact
+    # (which also pins down the position of every value in the packed block).
+    d = 2.0 ** -4
+    scales = 127 - 8 * np.arange(16)
+    rng = np.random.default_rng(5)
+    q = rng.integers(-31, 32, size=(16, 16))
+    q[:, 0] = 31
+    x = (d * scales[:, None] * q).astype(np.float32).reshape(1, 256)
+    y = gguf.quants.dequantize(quantize_q6_k(x), Q.Q6_K)
+    np.testing.assert_array_equal(y, x)
+
+
+def test_q4_k_exact_on_its_own_grid():
+    # value = d * scale[j] * q - dmin * min[j], q in 0..15, with the largest scale and min both 63 and
+    # every sub-block reaching q = 0 and q = 15: exactly representable, so bit-exact after the round trip.
+    d, dmin = 2.0 ** -5, 2.0 ** -6
+    scales = 63 - 7 * np.arange(8)
+    mins = np.array([63, 0, 5, 17, 30, 41, 2, 12])
+    rng = np.random.default_rng(6)
+    q = rng.integers(0, 16, size=(8, 32))
+    q[:, 0], q[:, 1] = 0, 15
+    x = (d * scales[:, None] * q - dmin * mins[:, None]).astype(np.float32).reshape(1, 256)
+    y = gguf.quants.dequantize(quantize_q4_k(x), Q.Q4_K)
+    np.testing.assert_array_equal(y, x)
+
+
+def test_block_size_fallback_rule():
+    k_b = np.zeros((4, 512, 192), np.float32)
+    assert fixture.choose_type("blk.0.attn_k_b.weight", k_b, "Q4_K") == "Q5_0"
+    assert fixture.choose_type("blk.0.attn_k_b.weight", k_b, "Q6_K") == "Q8_0"
+    assert fixture.choose_type("blk.0.attn_k_b.weight", k_b, "Q8_0") == "Q8_0"
+    assert fixture.choose_type("blk.0.attn_v_b.weight", np.zeros((4, 256, 512), np.float32), "Q4_K") == "Q4_K"
+    assert fixture.choose_type("blk.1.ffn_gate_inp.weight", np.zeros((8, 256), np.float32), "Q4_K") == "F32"
+    assert fixture.choose_type("blk.1.attn_norm.weight", np.zeros(256, np.float32), "BF16") == "F32"
+
+
+def test_kv_b_split_layout_and_inverse():
+    config = {"num_attention_heads": 3, "kv_lora_rank": 5, "qk_nope_head_dim": 2, "v_head_dim": 4}
+    kv_b = np.arange(3 * 6 * 5, dtype=np.float32).reshape(18, 5)
+    k_b, v_b = split_kv_b(kv_b, config)
+    assert k_b.shape == (3, 5, 2) and v_b.shape == (3, 4, 5)
+    for h in range(3):
+        for i in range(2):  # row i of head h's k_nope block, transposed
+            np.testing.assert_array_equal(k_b[h, :, i], kv_b[h * 6 + i])
+        for i in range(4):  # v rows follow the k_nope rows
+            np.testing.assert_array_equal(v_b[h, i], kv_b[h * 6 + 2 + i])
+    np.testing.assert_array_equal(rebuild_kv_b(k_b, v_b, config), kv_b)
+    with pytest.raises(GGUFError, match=r"blk.7.attn_k_b.weight: expected shape \[3, 5, 2\]"):
+        rebuild_kv_b(k_b[:, :4], v_b, config, layer=7, where="model.gguf")
+
+
+def test_metadata_is_laid_out_like_llama_cpp(q8):
+    model = open_gguf(q8.path)
+    reader = model.readers[0]
+    V = gguf.GGUFValueType
+    expected = {
+        "general.architecture": ("glm-dsa", V.STRING),
+        "glm-dsa.block_count": (4, V.UINT32),
+        "glm-dsa.nextn_predict_layers": (1, V.UINT32),
+        "glm-dsa.context_length": (8192, V.UINT32),
+        "glm-dsa.embedding_length": (256, V.UINT32),
+        "glm-dsa.feed_forward_length": (512, V.UINT32),
+        "glm-dsa.attention.head_count": (4, V.UINT32),
+        "glm-dsa.attention.head_count_kv": (1, V.UINT32),
+        "glm-dsa.attention.key_length": (576, V.UINT32),
+        "glm-dsa.attention.value_length": (512, V.UINT32),
+        "glm-dsa.attention.key_length_mla": (256, V.UINT32),
+        "glm-dsa.attention.value_length_mla": (256, V.UINT32),
+        "glm-dsa.attention.q_lora_rank": (256, V.UINT32),
+        "glm-dsa.attention.kv_lora_rank": (512, V.UINT32),
+        "glm-dsa.rope.dimension_count": (64, V.UINT32),
+        "glm-dsa.rope.freq_base": (1e6, V.FLOAT32),
+        "glm-dsa.attention.layer_norm_rms_epsilon": (np.float32(1e-5), V.FLOAT32),
+        "glm-dsa.leading_dense_block_count": (1, V.UINT32),
+        "glm-dsa.expert_count": (8, V.UINT32),
+        "glm-dsa.expert_used_count": (2, V.UINT32),
+        "glm-dsa.expert_shared_count": (1, V.UINT32),
+        "glm-dsa.expert_feed_forward_length": (256, V.UINT32),
+        "glm-dsa.expert_group_count": (1, V.UINT32),
+        "glm-dsa.expert_group_used_count": (1, V.UINT32),
+        "glm-dsa.expert_gating_func": (2, V.UINT32),
+        "glm-dsa.expert_weights_scale": (2.5, V.FLOAT32),
+        "glm-dsa.expert_weights_norm": (True, V.BOOL),
+        "glm-dsa.attention.indexer.head_count": (32, V.UINT32),
+        "glm-dsa.attention.indexer.key_length": (128, V.UINT32),
+        "glm-dsa.attention.indexer.top_k": (128, V.UINT32),
+        "glm-dsa.vocab_size": (1600, V.UINT32),
+        "general.file_type": (int(gguf.LlamaFileType.MOSTLY_Q8_0), V.UINT32),
+        "tokenizer.ggml.model": ("gpt2", V.STRING),
+        "tokenizer.ggml.pre": ("glm4", V.STRING),
+    }
+    for key, (value, vtype) in expected.items():
+        field = reader.fields[key]
+        assert field.types[0] == vtype, key
+        assert model.metadata[key] == pytest.approx(value), key
+    tokens = model.metadata["tokenizer.ggml.tokens"]
+    types = model.metadata["tokenizer.ggml.token_type"]
+    assert len(tokens) == len(types) == 1600
+    control = {tok for tok, kind in zip(tokens, types) if kind == 3}
+    assert control == set(fixture.GLM_SPECIAL_TOKENS)
+    assert 1000 <= sum(kind == 1 for kind in types) <= 2000
+    meta = model.metadata
+    assert tokens[meta["tokenizer.ggml.bos_token_id"]] == "[gMASK]"
+    assert tokens[meta["tokenizer.ggml.eos_token_id"]] == "<|endoftext|>"
+    assert tokens[meta["tokenizer.ggml.eot_token_id"]] == "<|user|>"
+    assert tokens[meta["tokenizer.ggml.eom_token_id"]] == "<|observation|>"
+    assert meta["tokenizer.chat_template"].startswith("[gMASK]<sop>")
+    assert all(" " in merge for merge in meta["tokenizer.ggml.merges"])
+
+
+def test_tensor_layout_is_llama_cpp(q8):
+    model = open_gguf(q8.path)
+    ne = {name: info.ne for name, info in model.tensors.items()}
+    assert ne["blk.0.attn_k_b.weight"] == (192, 512, 4)
+    assert ne["blk.0.attn_v_b.weight"] == (512, 256, 4)
+    assert ne["blk.1.ffn_gate_exps.weight"] == (256, 256, 8)
+    assert ne["blk.1.ffn_down_exps.weight"] == (256, 256, 8)
+    assert ne["blk.1.exp_probs_b.bias"] == (8,)
+    assert ne["blk.0.attn_kv_a_mqa.weight"] == (256, 576)
+    assert ne["blk.3.nextn.eh_proj.weight"] == (512, 256)
+    assert "blk.0.attn_kv_b.weight" not in model.tensors
+
+
+def test_reference_directory(q8):
+    weights = q8.weights
+    config = q8.config
+    assert config["model_type"] == "glm_moe_dsa" and config["num_hidden_layers"] == 3
+    assert weights["model.layers.1.mlp.experts.7.down_proj.weight"].shape == (256, 256)
+    assert weights["model.layers.0.self_attn.kv_b_proj.weight"].shape == (4 * 448, 512)
+    assert weights["model.layers.3.eh_proj.weight"].shape == (256, 512)
+    assert "model.layers.3.shared_head.norm.weight" in weights
+    assert "model.layers.0.mlp.gate.weight" not in weights and "model.layers.1.mlp.gate_proj.weight" not in weights
+    assert all(w.dtype == np.float32 for w in weights.values())
+    tokenizer = json.loads((q8.reference / "tokenizer.json").read_text())
+    assert tokenizer["model"]["type"] == "BPE"
+    assert [t["content"] for t in tokenizer["added_tokens"]] == list(fixture.GLM_SPECIAL_TOKENS)
+
+
+def test_same_seed_same_bytes(tiny, small):
+    a = small("good")
+    b = tiny("small-good-again", layers=2, index_heads=4)
+    assert a.path.read_bytes() == b.path.read_bytes()
+    c = tiny("small-seed-1", layers=2, index_heads=4, seed=1)
+    assert a.path.read_bytes() != c.path.read_bytes()
+
+
+def test_cli_make_tiny(tmp_path, capsys):
+    out = tmp_path / "cli.gguf"
+    assert fixture.main(["make-tiny", str(out), "--quant", "Q4_0", "--layers", "2", "--shards", "2", "--heads", "2",
+                         "--index-heads", "4", "--index-topk", "32", "--no-mtp", "--seed", "3"]) == 0
+    printed = capsys.readouterr().out.split()
+    assert printed == [str(tmp_path / "cli-00001-of-00002.gguf"), str(tmp_path / "cli-00002-of-00002.gguf"),
+                       str(tmp_path / "cli.reference")]
+    model = open_gguf(printed[0])
+    assert model.metadata["glm-dsa.block_count"] == 2 and model.metadata["glm-dsa.nextn_predict_layers"] == 0
+    assert model.metadata["glm-dsa.attention.indexer.top_k"] == 32
+    assert model.tensors["blk.1.attn_q_b.weight"].type_name == "Q4_0"
+    assert fixture.main(["make-tiny", str(tmp_path / "bad.gguf"), "--layers", "1"]) == 2

@@ -1,0 +1,182 @@
+"""The validator: clean files pass, each kind of bad input is reported on one line naming file and tensor/key."""
+
+from __future__ import annotations
+
+import shutil
+
+import gguf
+import numpy as np
+import pytest
+
+from glm5_shim.gguf.errors import GGUFError
+from glm5_shim.gguf.validate import ERROR, WARNING, check, validate
+
+
+def _errors(findings):
+    return [f for f in findings if f.level == ERROR]
+
+
+def _assert_reported(findings, level: str, *fragments: str):
+    """Exactly the findings of `level` that mention every fragment; at least one; all one-line."""
+    for finding in findings:
+        assert "\n" not in finding.message and finding.level in (ERROR, WARNING)
+    hits = [f for f in findings if f.level == level and all(fr in f.message for fr in fragments)]
+    assert hits, (level, fragments, [str(f) for f in findings])
+    return hits
+
+
+@pytest.mark.parametrize("quant", ["Q8_0", "Q4_K", "Q6_K", "Q5_0"])
+def test_good_files_have_no_findings(tiny_by_quant, quant):
+    path = tiny_by_quant(quant).path
+    assert validate(path) == []
+    assert check(path) == []
+
+
+def test_sharded_good_file(small):
+    assert validate(small("split3", shards=3).path) == []
+
+
+def test_float_experts_are_a_loader_warning(tiny_by_quant):
+    findings = validate(tiny_by_quant("F16").path)
+    assert findings and not _errors(findings)
+    # 2 MoE blocks + the MTP block, 3 expert tensors each.
+    assert len(findings) == 9
+    assert all("routed experts are F16" in f.message for f in findings)
+
+
+def test_not_a_gguf(tmp_path):
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"PK\x03\x04" + bytes(100))
+    findings = validate(path)
+    assert len(findings) == 1
+    _assert_reported(findings, ERROR, str(path), "not a GGUF")
+    with pytest.raises(GGUFError, match="not a GGUF"):
+        check(path)
+
+
+def test_other_architecture(tmp_path):
+    path = tmp_path / "qwen.gguf"
+    writer = gguf.GGUFWriter(path, "qwen2")
+    writer.add_tensor("output_norm.weight", np.ones(64, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    _assert_reported(validate(path), ERROR, str(path), "general.architecture", "qwen2")
+
+
+def test_truncated(small, tmp_path):
+    path = tmp_path / "cut.gguf"
+    path.write_bytes(small("good").path.read_bytes()[:-4096])
+    _assert_reported(validate(path), ERROR, str(path), "truncated", "tensor blk.")
+
+
+def test_missing_shard(small, tmp_path):
+    split = small("split3", shards=3)
+    for p in split.paths[:2]:
+        shutil.copy(p, tmp_path / p.name)
+    _assert_reported(validate(tmp_path / split.paths[0].name), ERROR, "missing shard 3 of 3",
+                     str(tmp_path / split.paths[2].name))
+
+
+def test_wrong_tensor_shape(small):
+    def shrink(name, array):
+        return array[:, :, :128] if name == "blk.1.ffn_down_exps.weight" else array
+    bad = small("shape", tensor_hook=shrink)
+    hits = _assert_reported(validate(bad.path), ERROR, str(bad.path), "blk.1.ffn_down_exps.weight",
+                            "expected shape [8, 256, 256]", "found [8, 256, 128]")
+    assert hits[0].tensor == "blk.1.ffn_down_exps.weight"
+    with pytest.raises(GGUFError, match="blk.1.ffn_down_exps.weight"):
+        check(bad.path)
+
+
+def test_metadata_contradicting_tensor_shapes(small):
+    bad = small("meta-qlora", metadata_overrides={"glm-dsa.attention.q_lora_rank": 128})
+    findings = validate(bad.path)
+    _assert_reported(findings, ERROR, str(bad.path), "glm-dsa.attention.q_lora_rank", "blk.0.attn_q_a.weight")
+    with pytest.raises(GGUFError, match="glm-dsa.attention.q_lora_rank = 128 contradicts tensor blk.0.attn_q_a"):
+        check(bad.path)
+
+
+@pytest.mark.parametrize("tensor, qtype", [
+    ("blk.1.ffn_down_exps.weight", "MXFP4"),
+    ("blk.1.ffn_gate_exps.weight", "TQ1_0"),
+])
+def test_unsupported_quant_type_on_kept_quantized_tensor(small, tensor, qtype):
+    # Routed experts must stay quantized in vLLM 0.23: a type it cannot run there is an error.
+    bad = small(f"unsupported-{qtype}", overrides={tensor: qtype})
+    hits = _assert_reported(validate(bad.path), ERROR, str(bad.path), tensor, f"type {qtype} is not supported")
+    assert len(_errors(validate(bad.path))) == len(hits) == 1
+
+
+@pytest.mark.parametrize("tensor, qtype", [
+    ("blk.1.attn_q_b.weight", "TQ1_0"),
+    ("token_embd.weight", "TQ2_0"),
+])
+def test_unsupported_quant_type_on_linear_is_dequantized(small, tensor, qtype):
+    # A linear weight of a type vLLM has no kernel for is made float by the loader: a warning with its cost.
+    odd = small(f"dequant-{qtype}", overrides={tensor: qtype})
+    findings = validate(odd.path)
+    assert not _errors(findings)
+    _assert_reported(findings, WARNING, tensor, f"type {qtype} has no vLLM 0.23 kernel", "MiB")
+
+
+def test_force_dequantized_tensors_accept_any_dequantizable_type(small):
+    ok = small("mxfp4-indexer", overrides={"blk.0.indexer.attn_k.weight": "MXFP4",
+                                           "blk.1.indexer.proj.weight": "TQ2_0",
+                                           "blk.1.attn_v_b.weight": "MXFP4"})
+    assert validate(ok.path) == []
+
+
+def test_quantized_norm_is_an_error(small):
+    bad = small("q-norm", overrides={"blk.1.attn_norm.weight": "Q8_0"})
+    _assert_reported(validate(bad.path), ERROR, "blk.1.attn_norm.weight", "type Q8_0 is not allowed")
+
+
+def test_gate_up_expert_types_differ(small):
+    odd = small("gate-up", overrides={"blk.1.ffn_up_exps.weight": "Q4_0"})
+    findings = validate(odd.path)
+    assert not _errors(findings)
+    _assert_reported(findings, WARNING, "blk.1.ffn_gate_exps.weight (Q8_0)", "blk.1.ffn_up_exps.weight (Q4_0)")
+
+
+@pytest.mark.parametrize("tensor, partner", [
+    ("blk.1.attn_kv_a_mqa.weight", "blk.1.attn_q_a.weight"),
+    ("blk.0.ffn_up.weight", "blk.0.ffn_gate.weight"),
+    ("blk.1.ffn_gate_shexp.weight", "blk.1.ffn_up_shexp.weight"),
+])
+def test_fused_group_mixing_float_and_quantized(small, tensor, partner):
+    odd = small(f"fused-{tensor}", overrides={tensor: "BF16"})
+    findings = validate(odd.path)
+    assert not _errors(findings)
+    _assert_reported(findings, WARNING, f"{tensor}=BF16", f"{partner}=Q8_0", "fused")
+
+
+def test_missing_tensor(small):
+    bad = small("missing", tensor_hook=lambda name, a: None if name == "blk.1.attn_q_b.weight" else a)
+    _assert_reported(validate(bad.path), ERROR, str(bad.path), "tensor blk.1.attn_q_b.weight is missing")
+
+
+def test_missing_kv_b_parts_but_legacy_kv_b_present(small):
+    kv_b = np.zeros((4 * 448, 512), dtype=np.float32)
+    legacy = small("legacy-kvb", tensor_hook=lambda name, a: None if name.startswith("blk.0.attn_") and
+                   name.endswith(("_k_b.weight", "_v_b.weight")) else a,
+                   extra_tensors={"blk.0.attn_kv_b.weight": kv_b})
+    assert validate(legacy.path) == []
+
+
+def test_unexpected_tensors(small):
+    odd = small("extra", extra_tensors={"blk.0.ffn_gate_up_exps.weight": np.zeros((2, 64), np.float32),
+                                        "rope_freqs.weight": np.ones(32, np.float32)})
+    findings = validate(odd.path)
+    _assert_reported(findings, ERROR, "tensor blk.0.ffn_gate_up_exps.weight is unexpected")
+    _assert_reported(findings, WARNING, "tensor rope_freqs.weight is not used")
+
+
+def test_mtp_problems_do_not_block_serving(small):
+    odd = small("mtp-broken", tensor_hook=lambda name, a: None if name == "blk.2.nextn.eh_proj.weight" else a,
+                overrides={"blk.2.attn_q_b.weight": "TQ1_0"})
+    findings = validate(odd.path)
+    assert not _errors(findings)
+    _assert_reported(findings, WARNING, "blk.2.nextn.eh_proj.weight is missing")
+    _assert_reported(findings, WARNING, "blk.2.attn_q_b.weight", "TQ1_0")

@@ -1,0 +1,126 @@
+"""Child-process harness: build vLLM's config, tokenizer and GLM-5 model from a GGUF on a CPU-only machine.
+
+Run as a script (the shim activated through PYTHONPATH, as launch.sh does):
+    python tests/vllm_cpu_harness.py OUT_DIR MODEL.gguf [MODEL.gguf ...]
+    python tests/vllm_cpu_harness.py configs '[{"model": ...EngineArgs kwargs...}, ...]'  (config + tokenizer)
+For each model it writes OUT_DIR/<i>.npz (every parameter as loaded: float arrays, or raw uint8 GGUF blocks
+with their GGML type) and prints one JSON line of results.
+
+Test scaffolding only, and it says so: vLLM has no MLA on CPU, so the attention backend is pinned to a class that
+constructs anywhere (vLLM's XPU sparse backend; never run here) and MLA's unused dense-prefill backend is stubbed.
+Nothing is executed on the model; this checks construction, the weight stream and post-load processing.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import traceback
+
+import numpy as np
+
+
+def _install_cpu_scaffolding() -> None:
+    import vllm.platforms as platforms
+    from vllm.platforms.cpu import CpuPlatform
+
+    CpuPlatform.get_attn_backend_cls = classmethod(
+        lambda cls, *a, **k: "vllm.v1.attention.backends.mla.xpu_mla_sparse.XPUMLASparseBackend")
+    platforms._current_platform = CpuPlatform()
+    import vllm.model_executor.layers.attention.mla_attention as mla
+
+    class _UnusedPrefill:  # sparse MLA never calls the dense prefill backend
+        def __init__(self, **kwargs):
+            pass
+
+    mla.get_mla_prefill_backend = lambda vllm_config: _UnusedPrefill
+
+
+def _dump(model, path: str) -> dict:
+    import torch
+
+    arrays, types = {}, {}
+    for name, param in model.named_parameters():
+        if name.endswith("qweight_type"):
+            continue
+        t = param.detach()
+        if t.dtype in (torch.bfloat16, torch.float16):
+            t = t.float()
+        arrays[name] = t.cpu().numpy()
+        if name.endswith("qweight"):
+            owner = dict(model.named_parameters())[name[: -len("qweight")] + "qweight_type"]
+            types[name] = getattr(owner, "weight_type", None)
+            shard_types = getattr(owner, "shard_weight_type", None)
+            if shard_types:
+                types[name] = {str(k): int(v) for k, v in shard_types.items()}
+    np.savez(path, **arrays)
+    return types
+
+
+def configs(cases: list[dict]) -> None:
+    """For each case (EngineArgs keyword arguments), print the config facts vLLM ends up with, or the error."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.tokenizers import get_tokenizer
+
+    for case in cases:
+        try:
+            cfg = EngineArgs(**case).create_engine_config()
+            mc = cfg.model_config
+            tok = get_tokenizer(mc.tokenizer)
+            texts = ["Hello world, GLM-5 says 12345!", "  spaces\n\ttabs  ", "héllo wörld ✓ 漢字",
+                     "def f(x):\n    return x**2", "<|user|>hi<|assistant|>"]
+            gen = mc.try_get_generation_config()
+            print(json.dumps({"ok": True, "model_type": mc.hf_config.model_type, "dtype": str(mc.dtype),
+                              "max_model_len": mc.max_model_len, "index_topk": mc.hf_config.index_topk,
+                              "quantization": mc.quantization, "tokenizer": str(mc.tokenizer),
+                              "ids": [tok.encode(t, add_special_tokens=False) for t in texts],
+                              "chat": tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                                              add_generation_prompt=True)
+                              if getattr(tok, "chat_template", None) else None,
+                              "eos": gen.get("eos_token_id") if isinstance(gen, dict) else None}), flush=True)
+        except Exception as exc:
+            frames = [f.name for f in traceback.extract_tb(exc.__traceback__)]
+            print(json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}", "frames": frames}), flush=True)
+
+
+def main(argv: list[str]) -> int:
+    if argv[0] == "configs":
+        _install_cpu_scaffolding()
+        configs(json.loads(argv[1]))
+        return 0
+    out_dir, models = argv[0], argv[1:]
+    _install_cpu_scaffolding()
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.model_loader import get_model_loader
+    from vllm.tokenizers import get_tokenizer
+
+    initialized = False
+    for i, model_path in enumerate(models):
+        result = {"model": model_path}
+        try:
+            cfg = EngineArgs(model=model_path, enforce_eager=True, max_model_len=512,
+                             dtype="float32").create_engine_config()
+            result["model_type"] = cfg.model_config.hf_config.model_type
+            tok = get_tokenizer(cfg.model_config.tokenizer)
+            result["tokenizer"] = {"vocab": len(tok), "eos": tok.eos_token_id}
+            with set_current_vllm_config(cfg):
+                if not initialized:
+                    init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                                 distributed_init_method=f"file://{tempfile.mktemp()}")
+                    initialize_model_parallel(1, 1)
+                    initialized = True
+                model = get_model_loader(cfg.load_config).load_model(vllm_config=cfg, model_config=cfg.model_config)
+            result["types"] = _dump(model, f"{out_dir}/{i}.npz")
+            result["ok"] = True
+        except Exception as exc:
+            result["ok"] = False
+            result["error"] = f"{type(exc).__name__}: {exc}"
+            result["frames"] = [f.name for f in traceback.extract_tb(exc.__traceback__)]
+        print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
