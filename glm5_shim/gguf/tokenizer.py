@@ -176,7 +176,13 @@ def build_hf_tokenizer(source: str | Path | GGUFModel):
         kwargs["model_max_length"] = max_len
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, clean_up_tokenization_spaces=False, **kwargs)
     if extra:
-        tokenizer.add_special_tokens({"additional_special_tokens": extra}, replace_additional_special_tokens=False)
+        # transformers 5 renamed the keep-existing flag (replace_additional_special_tokens → replace_extra_...)
+        import inspect
+
+        params = inspect.signature(tokenizer.add_special_tokens).parameters
+        keep = next((p for p in ("replace_additional_special_tokens", "replace_extra_special_tokens") if p in params),
+                    None)
+        tokenizer.add_special_tokens({"additional_special_tokens": extra}, **({keep: False} if keep else {}))
     return tokenizer
 
 

@@ -91,6 +91,8 @@ def test_chat_template(hf_tokenizer, reference):
     assert text == ("[gMASK]<sop><|system|>\nBe brief.<|user|>\nWhat is 2+2?<|assistant|>\n4"
                     "<|user|>\nAnd 3+3?<|assistant|>")
     ids = hf_tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+    if not isinstance(ids, list):  # transformers 5 returns a BatchEncoding here
+        ids = ids["input_ids"]
     assert ids == reference.encode(text).ids
     assert ids[:2] == [reference.token_to_id("[gMASK]"), reference.token_to_id("<sop>")]
     no_think = hf_tokenizer.apply_chat_template(messages[1:2], tokenize=False, add_generation_prompt=True,
