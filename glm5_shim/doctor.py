@@ -67,8 +67,9 @@ def _patch_status() -> tuple[str, list[dict]]:
         for patch in REGISTRY.patches():  # importing a target fires its hook: the status becomes real
             try:
                 importlib.import_module(patch.target)
-            except Exception as exc:
-                patch.state, patch.reason = "not applied", f"target import failed: {type(exc).__name__}: {exc}"
+            except Exception as exc:  # e.g. vllm.platforms.cuda needs the CUDA driver: not on a CPU machine
+                if patch.state == "not yet imported":
+                    patch.reason = f"{patch.target} cannot be imported here ({type(exc).__name__}: {exc})"
     rows = REGISTRY.status()
     if state == "disabled":
         for row in rows:
@@ -84,14 +85,20 @@ def _plan_for(capability: tuple[int, int], gguf: bool = True) -> dict:
     dtype = torch.float16 if (gguf and capability[0] >= 10 and not settings.allow_gguf_bf16()) else torch.bfloat16
     choice = native_sparse_mla(capability, dtype)
     attention = {"dtype": str(dtype).replace("torch.", ""), "native": choice.name, "rejected": choice.rejected}
-    if settings.attention_choice() == "triton" or choice.name is None:
-        attention["uses"] = "none: vLLM stops ('No valid attention backend'); the shim's Triton sparse-MLA backend is not built yet"
+    if settings.attention_choice() == "triton":
+        attention["uses"] = "glm5-shim Triton sparse MLA (CUSTOM), forced by GLM5_SHIM_ATTENTION=triton"
+    elif choice.name is None:
+        attention["uses"] = "glm5-shim Triton sparse MLA (CUSTOM): no native sparse-MLA backend is valid"
     else:
         attention["uses"] = f"{choice.name} (native)"
     ok, why = deepgemm_can_run(capability)
     indexer = {"deepgemm": ok, "why": why}
-    indexer["uses"] = "DeepGEMM (native)" if ok and settings.indexer_choice() == "auto" else \
-        "none: vLLM's indexer fails without DeepGEMM; the shim's Triton indexer is not built yet"
+    if settings.indexer_choice() == "triton":
+        indexer["uses"] = "glm5-shim Triton indexer, forced by GLM5_SHIM_INDEXER=triton"
+    elif ok:
+        indexer["uses"] = "DeepGEMM (native)"
+    else:
+        indexer["uses"] = "glm5-shim Triton indexer: DeepGEMM cannot run here"
     return {"capability": f"{capability[0]}.{capability[1]}", "attention": attention, "indexer": indexer}
 
 

@@ -54,7 +54,13 @@ class Patch:
 
     def undo(self) -> None:
         for owner, attr, original in reversed(self._originals):
-            setattr(owner, attr, original)
+            if isinstance(owner, dict):  # a registry slot
+                if original is None:
+                    owner.pop(attr, None)
+                else:
+                    owner[attr] = original
+            else:
+                setattr(owner, attr, original)
         self._originals.clear()
         if self.state == APPLIED:
             self.state, self.reason = WAITING, "undone"

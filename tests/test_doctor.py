@@ -22,7 +22,10 @@ def test_doctor_json_lists_every_patch_and_a_plan():
     assert report["activation"] == "active"
     names = {p["name"] for p in report["patches"]}
     assert {"speculators", "dtype-auto", "dtype-gate"} <= names and len(names) >= len(PATCH_MODULES)
-    assert all(p["state"] == "applied" for p in report["patches"]), report["patches"]
+    for p in report["patches"]:
+        # vllm.platforms.cuda needs the CUDA driver: on a CPU-only machine it cannot even be imported
+        cuda_only = not report["gpus"] and p["target"] == "vllm.platforms.cuda"
+        assert p["state"] == "applied" or (cuda_only and "cannot be imported here" in p["reason"]), p
     assert set(report["versions"]) == {"python", "vllm", "torch", "triton", "transformers", "gguf", "wrapt"}
     assert report["vllm_supported"] is True
     if not report["gpus"]:
@@ -32,6 +35,9 @@ def test_doctor_json_lists_every_patch_and_a_plan():
         assert "compute capability not supported" in plans["12.0"]["attention"]["rejected"]["FLASHMLA_SPARSE"]
         assert plans["12.0"]["attention"]["dtype"] == "float16" and plans["8.6"]["attention"]["dtype"] == "bfloat16"
         assert plans["12.0"]["indexer"]["deepgemm"] is False
+        assert "glm5-shim Triton sparse MLA" in plans["12.0"]["attention"]["uses"]
+        assert "glm5-shim Triton indexer" in plans["8.6"]["indexer"]["uses"]
+        assert plans["9.0"]["attention"]["uses"] == "FLASHMLA_SPARSE (native)"
 
 
 def test_doctor_text_and_disabled_shim(tmp_path):

@@ -6,8 +6,8 @@ Run as a script (the shim activated through PYTHONPATH, as launch.sh does):
 For each model it writes OUT_DIR/<i>.npz (every parameter as loaded: float arrays, or raw uint8 GGUF blocks
 with their GGML type) and prints one JSON line of results.
 
-Test scaffolding only, and it says so: vLLM has no MLA on CPU, so the attention backend is pinned to a class that
-constructs anywhere (vLLM's XPU sparse backend; never run here) and MLA's unused dense-prefill backend is stubbed.
+Test scaffolding only, and it says so: vLLM has no MLA on CPU, so the attention backend is pinned to the shim's
+(constructed here, never run) and MLA's unused dense-prefill backend (FlashAttention, a CUDA library) is stubbed.
 Nothing is executed on the model; this checks construction, the weight stream and post-load processing.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ def _install_cpu_scaffolding() -> None:
     from vllm.platforms.cpu import CpuPlatform
 
     CpuPlatform.get_attn_backend_cls = classmethod(
-        lambda cls, *a, **k: "vllm.v1.attention.backends.mla.xpu_mla_sparse.XPUMLASparseBackend")
+        lambda cls, *a, **k: "glm5_shim.backend.sparse_mla.Glm5SparseMLABackend")
     platforms._current_platform = CpuPlatform()
     import vllm.model_executor.layers.attention.mla_attention as mla
 

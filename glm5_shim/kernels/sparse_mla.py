@@ -1,0 +1,664 @@
+"""Portable Triton sparse-MLA (DSA) attention for GLM-5 / DeepSeek-V3.2 geometry.
+
+Per query token ``t`` and head ``h``::
+
+    s_j      = sm_scale * <q[t, h, :576], kv[slot_j, :576]>        for the valid slots j of indices[t]
+    out[t,h] = sum_j softmax(s)_j * kv[slot_j, :512]
+    lse[t,h] = log(sum_j exp(s_j))                                   (natural log, float32)
+
+One KV head is shared by all query heads (MQA over the 576-wide latent: 512 "nope" + 64 rope).
+
+Design (decode is what matters: one token, 78 layers):
+
+* **split-K**: a program owns one token, ``BLOCK_H`` heads and a share of the top-k list, gathers ``BLOCK_N`` KV
+  rows at a time (once for all its heads), and runs an online softmax over them.  With more than one split the
+  programs write normalised fp32 partials + a log2-domain LSE to a workspace and a small combine kernel merges
+  them with the LSE trick; with one split (prefill) the forward kernel writes the final result itself.
+* The split count is a function of shapes and the SM count only (no host sync; CUDA-graph capturable).
+* Tiles of a token's list are dealt round-robin to the splits, so the ``-1`` tail of a short-context list is
+  spread evenly instead of idling whole programs.
+* ``fp8_ds_mla``: the e4m3 latent is decoded to the query dtype without a multiply (integer bit trick that yields
+  value/256 on every target, or the sm_89+ ``cvt``), and the per-128 fp32 scales are folded into the fp32 scores
+  (QK) and into P (PV): ``4 * BLOCK_H`` multiplies per gathered row instead of 512.  The rope stays bf16.
+* Gather latency is hidden by double-buffered ``cp.async`` (bf16 cache, Triton's pipeliner at ``num_stages=5``)
+  or by a hand-written register prefetch of the next tile (fp8 cache, whose bytes Triton will not pipeline).
+* All dots are 16-bit inputs with fp32 accumulation (mma.sync on sm_80-sm_120, wgmma on sm_90 when a program
+  holds 64 heads); the online softmax runs in fp32 in the log2 domain.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from glm5_shim.kernels.fp8 import e4m3_bytes_to_f32, native_fp8_supported
+
+D_LATENT = 512
+D_ROPE = 64
+D_QK = D_LATENT + D_ROPE
+D_V = 512
+FP8_ROW_BYTES = 656  # 512 e4m3 + 4 fp32 scales + 64 bf16
+FP8_SCALE_OFFSET = tl.constexpr(512)  # constexpr: read inside the kernel
+FP8_ROPE_OFFSET = tl.constexpr(528)
+SMEM_LIMIT_CONSUMER = 101376  # sm_120/121/89/86 opt-in maximum per block (bytes)
+MAX_SPLITS = 32
+KV_FORMATS = ("bf16", "fp8_ds_mla")
+LOG2E = 1.4426950408889634
+
+_TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Kernels
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _e4m3_to_f16_div256(x):
+    """e4m3 bytes -> fp16 holding value / 256, exactly (subnormals too): the 7 exponent+mantissa bits land on the
+    fp16 exponent/mantissa fields one bias step (2**8) low.  Pure integer ops; the 2**8 is folded into the scale."""
+    b = x.to(tl.int32)
+    bits = ((b & 0x7F) << 7) | ((b & 0x80) << 8)
+    return bits.to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _decode_e4m3(raw, DT: tl.constexpr, FP8_NATIVE: tl.constexpr):
+    """e4m3 bytes -> DT.  The manual 16-bit decode yields value / 256 (the 256 is folded into the scales)."""
+    if DT == tl.float32:
+        return e4m3_bytes_to_f32(raw)
+    elif FP8_NATIVE:
+        # e4m3 -> f16 is one cvt per pair on sm_89+; Triton's direct e4m3 -> bf16 emits cvt.bf16.f16, which
+        # ptxas rejects below sm_90, so bf16 goes through f32
+        h = raw.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        if DT == tl.float16:
+            return h
+        return h.to(tl.float32).to(DT)
+    else:
+        return _e4m3_to_f16_div256(raw).to(DT)
+
+
+@triton.jit
+def _load_idx(idx_row, tile, K, BLOCK_N: tl.constexpr):
+    offs = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    return tl.load(idx_row + offs, mask=offs < K, other=-1)
+
+
+@triton.jit
+def _rows(idx, num_slots, block_size, stride_kb, stride_kr):
+    valid = (idx >= 0) & (idx < num_slots)
+    slot = tl.where(valid, idx, 0)
+    blk = slot // block_size
+    # int64: a large fp8 pool passes 2**31 bytes
+    row = blk.to(tl.int64) * stride_kb + (slot - blk * block_size).to(tl.int64) * stride_kr
+    return valid, row
+
+
+@triton.jit
+def _load_tile(kv_ptr, row, valid, IS_FP8: tl.constexpr):
+    """One tile of gathered rows, undecoded: 4 x [BLOCK_N, 128] latent chunks (values, or e4m3 bytes), [BLOCK_N, 64]
+    rope and (fp8) 4 x [BLOCK_N] scales (bf16 cache: the scales are dummies)."""
+    d = tl.arange(0, 128)
+    dr = tl.arange(0, 64)
+    rp = kv_ptr + row
+    m2 = valid[:, None]
+    c0 = tl.load(rp[:, None] + d[None, :], mask=m2, other=0)
+    c1 = tl.load(rp[:, None] + (128 + d)[None, :], mask=m2, other=0)
+    c2 = tl.load(rp[:, None] + (256 + d)[None, :], mask=m2, other=0)
+    c3 = tl.load(rp[:, None] + (384 + d)[None, :], mask=m2, other=0)
+    if IS_FP8:
+        sp = (rp + FP8_SCALE_OFFSET).to(tl.pointer_type(tl.float32))
+        s0 = tl.load(sp, mask=valid, other=0.0)
+        s1 = tl.load(sp + 1, mask=valid, other=0.0)
+        s2 = tl.load(sp + 2, mask=valid, other=0.0)
+        s3 = tl.load(sp + 3, mask=valid, other=0.0)
+        kr = tl.load((rp + FP8_ROPE_OFFSET).to(tl.pointer_type(tl.bfloat16))[:, None] + dr[None, :], mask=m2,
+                     other=0.0)
+    else:
+        s0 = valid.to(tl.float32)
+        s1 = s0
+        s2 = s0
+        s3 = s0
+        kr = tl.load(rp[:, None] + (512 + dr)[None, :], mask=m2, other=0)
+    return c0, c1, c2, c3, kr, s0, s1, s2, s3
+
+
+@triton.jit
+def _attend_tile(q0, q1, q2, q3, qr, c0, c1, c2, c3, kr, s0, s1, s2, s3, valid,
+                 m_i, l_i, acc0, acc1, acc2, acc3, sm_scale_log2,
+                 IS_FP8: tl.constexpr, FP8_NATIVE: tl.constexpr):
+    """Online-softmax update of (m, l, acc) with one gathered tile."""
+    DT: tl.constexpr = q0.dtype
+    # fp32 is the exactness check in tests; on a GPU keep it out of tf32
+    PREC: tl.constexpr = "ieee" if DT == tl.float32 else "tf32"
+    if IS_FP8:
+        # manual decode gives value/256; the 256 comes back through the scale
+        F: tl.constexpr = 1.0 if (FP8_NATIVE or DT == tl.float32) else 256.0
+        k0 = _decode_e4m3(c0, DT, FP8_NATIVE)
+        k1 = _decode_e4m3(c1, DT, FP8_NATIVE)
+        k2 = _decode_e4m3(c2, DT, FP8_NATIVE)
+        k3 = _decode_e4m3(c3, DT, FP8_NATIVE)
+        f0 = s0 * F
+        f1 = s1 * F
+        f2 = s2 * F
+        f3 = s3 * F
+        # the per-128 scales belong to KV rows = score columns: scale the partial dots, not the elements
+        s = tl.dot(q0, tl.trans(k0), input_precision=PREC) * f0[None, :]
+        s += tl.dot(q1, tl.trans(k1), input_precision=PREC) * f1[None, :]
+        s += tl.dot(q2, tl.trans(k2), input_precision=PREC) * f2[None, :]
+        s += tl.dot(q3, tl.trans(k3), input_precision=PREC) * f3[None, :]
+        s = tl.dot(qr, tl.trans(kr.to(DT)), s, input_precision=PREC)
+    else:
+        k0 = c0
+        k1 = c1
+        k2 = c2
+        k3 = c3
+        s = tl.dot(q0, tl.trans(k0), input_precision=PREC)
+        s = tl.dot(q1, tl.trans(k1), s, input_precision=PREC)
+        s = tl.dot(q2, tl.trans(k2), s, input_precision=PREC)
+        s = tl.dot(q3, tl.trans(k3), s, input_precision=PREC)
+        s = tl.dot(qr, tl.trans(kr), s, input_precision=PREC)
+
+    s = tl.where(valid[None, :], s * sm_scale_log2, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # a head that has seen no valid slot yet keeps m=-inf; exponentiate against 0 so nothing becomes NaN
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc0 = acc0 * alpha[:, None]
+    acc1 = acc1 * alpha[:, None]
+    acc2 = acc2 * alpha[:, None]
+    acc3 = acc3 * alpha[:, None]
+    if IS_FP8:
+        acc0 = tl.dot((p * f0[None, :]).to(DT), k0, acc0, input_precision=PREC)
+        acc1 = tl.dot((p * f1[None, :]).to(DT), k1, acc1, input_precision=PREC)
+        acc2 = tl.dot((p * f2[None, :]).to(DT), k2, acc2, input_precision=PREC)
+        acc3 = tl.dot((p * f3[None, :]).to(DT), k3, acc3, input_precision=PREC)
+    else:
+        pd = p.to(DT)
+        acc0 = tl.dot(pd, k0, acc0, input_precision=PREC)
+        acc1 = tl.dot(pd, k1, acc1, input_precision=PREC)
+        acc2 = tl.dot(pd, k2, acc2, input_precision=PREC)
+        acc3 = tl.dot(pd, k3, acc3, input_precision=PREC)
+    return m_new, l_i, acc0, acc1, acc2, acc3
+
+
+@triton.jit
+def _sparse_mla_fwd_kernel(
+    q_ptr, qpe_ptr, kv_ptr, idx_ptr, out_ptr, lse_ptr,
+    sm_scale_log2,
+    H, K, num_slots, block_size, num_hb, splits,
+    stride_qt, stride_qh, stride_pt, stride_ph,
+    stride_kb, stride_kr,
+    stride_it,
+    stride_ot, stride_os, stride_oh,
+    stride_lt, stride_ls, stride_lh,
+    IS_FP8: tl.constexpr,
+    FP8_NATIVE: tl.constexpr,
+    WRITE_PARTIAL: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PREFETCH: tl.constexpr,
+):
+    # head block fastest so the programs sharing a token's KV rows run side by side (L2 reuse)
+    pid = tl.program_id(0)
+    hb = pid % num_hb
+    rest = pid // num_hb
+    split = rest % splits
+    t = (rest // splits).to(tl.int64)
+
+    heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    hmask = heads < H
+    d = tl.arange(0, 128)
+    dr = tl.arange(0, 64)
+    q_row = q_ptr + t * stride_qt + heads[:, None] * stride_qh
+    q0 = tl.load(q_row + d[None, :], mask=hmask[:, None], other=0.0)
+    q1 = tl.load(q_row + (128 + d)[None, :], mask=hmask[:, None], other=0.0)
+    q2 = tl.load(q_row + (256 + d)[None, :], mask=hmask[:, None], other=0.0)
+    q3 = tl.load(q_row + (384 + d)[None, :], mask=hmask[:, None], other=0.0)
+    qr = tl.load(qpe_ptr + t * stride_pt + heads[:, None] * stride_ph + dr[None, :], mask=hmask[:, None], other=0.0)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc0 = tl.zeros([BLOCK_H, 128], tl.float32)
+    acc1 = tl.zeros([BLOCK_H, 128], tl.float32)
+    acc2 = tl.zeros([BLOCK_H, 128], tl.float32)
+    acc3 = tl.zeros([BLOCK_H, 128], tl.float32)
+
+    n_tiles = tl.cdiv(K, BLOCK_N)
+    idx_row = idx_ptr + t * stride_it
+    if PREFETCH:
+        # Hand-rolled software pipeline in registers (launch with num_stages=1): indices two tiles ahead, rows one
+        # tile ahead, so a tile's gather overlaps the previous tile's math.  Used where Triton's pipeliner cannot
+        # help: the fp8 bytes are decoded before the dot, so it leaves those loads synchronous.
+        n_mine = tl.cdiv(n_tiles - split, splits)
+        idx_a = _load_idx(idx_row, split, K, BLOCK_N)
+        idx_b = _load_idx(idx_row, split + splits, K, BLOCK_N)
+        valid_a, row_a = _rows(idx_a, num_slots, block_size, stride_kb, stride_kr)
+        c0, c1, c2, c3, kr, s0, s1, s2, s3 = _load_tile(kv_ptr, row_a, valid_a, IS_FP8)
+        for it in range(0, n_mine):
+            valid_b, row_b = _rows(idx_b, num_slots, block_size, stride_kb, stride_kr)
+            n0, n1, n2, n3, nr, t0, t1, t2, t3 = _load_tile(kv_ptr, row_b, valid_b, IS_FP8)
+            idx_b = _load_idx(idx_row, split + (it + 2) * splits, K, BLOCK_N)
+            m_i, l_i, acc0, acc1, acc2, acc3 = _attend_tile(
+                q0, q1, q2, q3, qr, c0, c1, c2, c3, kr, s0, s1, s2, s3, valid_a,
+                m_i, l_i, acc0, acc1, acc2, acc3, sm_scale_log2, IS_FP8, FP8_NATIVE)
+            c0, c1, c2, c3, kr, s0, s1, s2, s3 = n0, n1, n2, n3, nr, t0, t1, t2, t3
+            valid_a = valid_b
+    else:
+        # Triton's pipeliner: with num_stages=5 the index load runs 4 tiles ahead and the rows 2 (cp.async,
+        # double-buffered); with 3 they are 2 and 1 ahead.
+        for tile in range(split, n_tiles, splits):
+            idx = _load_idx(idx_row, tile, K, BLOCK_N)
+            valid, row = _rows(idx, num_slots, block_size, stride_kb, stride_kr)
+            c0, c1, c2, c3, kr, s0, s1, s2, s3 = _load_tile(kv_ptr, row, valid, IS_FP8)
+            m_i, l_i, acc0, acc1, acc2, acc3 = _attend_tile(
+                q0, q1, q2, q3, qr, c0, c1, c2, c3, kr, s0, s1, s2, s3, valid,
+                m_i, l_i, acc0, acc1, acc2, acc3, sm_scale_log2, IS_FP8, FP8_NATIVE)
+
+    has = l_i > 0.0
+    inv_l = tl.where(has, 1.0 / tl.where(has, l_i, 1.0), 0.0)
+    o_row = out_ptr + t * stride_ot + split * stride_os + heads[:, None] * stride_oh
+    ODT: tl.constexpr = out_ptr.dtype.element_ty
+    tl.store(o_row + d[None, :], (acc0 * inv_l[:, None]).to(ODT), mask=hmask[:, None])
+    tl.store(o_row + (128 + d)[None, :], (acc1 * inv_l[:, None]).to(ODT), mask=hmask[:, None])
+    tl.store(o_row + (256 + d)[None, :], (acc2 * inv_l[:, None]).to(ODT), mask=hmask[:, None])
+    tl.store(o_row + (384 + d)[None, :], (acc3 * inv_l[:, None]).to(ODT), mask=hmask[:, None])
+    lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    if not WRITE_PARTIAL:
+        lse2 = lse2 * 0.6931471805599453  # callers get a natural log; partials stay in log2
+    tl.store(lse_ptr + t * stride_lt + split * stride_ls + heads * stride_lh, lse2, mask=hmask)
+
+
+@triton.jit
+def _sparse_mla_combine_kernel(
+    ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
+    H, splits,
+    stride_wt, stride_ws, stride_wh,
+    stride_vt, stride_vs, stride_vh,
+    stride_ot, stride_oh,
+    stride_lt, stride_lh,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # one program per (token, head, 128-wide slice of d_v): all splits are loaded at once (one L2 round trip)
+    pid = tl.program_id(0)
+    n_dc: tl.constexpr = 512 // BLOCK_D
+    dc = pid % n_dc
+    rest = pid // n_dc
+    h = rest % H
+    t = (rest // H).to(tl.int64)
+    s_offs = tl.arange(0, BLOCK_S)
+    smask = s_offs < splits
+    lse_s = tl.load(ws_lse_ptr + t * stride_vt + s_offs * stride_vs + h * stride_vh, mask=smask,
+                    other=float("-inf"))
+    m = tl.max(lse_s, 0)
+    m_use = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2(lse_s - m_use)
+    tot = tl.sum(w, 0)
+    has = tot > 0.0
+    w = w * tl.where(has, 1.0 / tl.where(has, tot, 1.0), 0.0)
+    d = dc * BLOCK_D + tl.arange(0, BLOCK_D)
+    part = tl.load(ws_out_ptr + t * stride_wt + s_offs[:, None] * stride_ws + h * stride_wh + d[None, :],
+                   mask=smask[:, None] & (w[:, None] > 0.0), other=0.0)
+    o = tl.sum(part * w[:, None], 0)
+    tl.store(out_ptr + t * stride_ot + h * stride_oh + d, o.to(out_ptr.dtype.element_ty))
+    if dc == 0:
+        lse = tl.where(has, (m_use + tl.log2(tl.where(has, tot, 1.0))) * 0.6931471805599453, float("-inf"))
+        tl.store(lse_ptr + t * stride_lt + h * stride_lh, lse)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Configurations and heuristics
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig:
+    """One compiled variant.  ``kernel`` is "fwd" or "combine"; ``constexprs`` are the kernel's constexpr args."""
+
+    kernel: str
+    constexprs: tuple  # sorted (name, value) pairs; hashable
+    num_warps: int
+    num_stages: int
+
+    def as_dict(self) -> dict:
+        return dict(self.constexprs)
+
+    def __getitem__(self, key):
+        return dict(self.constexprs)[key]
+
+
+@dataclasses.dataclass(frozen=True)
+class FwdTile:
+    block_h: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    occupancy: int  # resident programs per SM the split heuristic assumes
+    prefetch: bool = False  # hand-rolled register prefetch (PREFETCH constexpr) instead of Triton's pipeliner
+
+
+# Tiles per target family, keyed by head class (<=16, <=32, more).  Chosen from offline compiles (shared memory,
+# registers, no spills; see tests/kernels/test_compile_targets_sparse_mla.py run as a script) and to be re-tuned
+# with `python bench/sparse_mla.py --sweep` on the hardware.
+# * bf16 cache: Triton's pipeliner.  num_stages=5 is what double-buffers the gathered rows: with one level of
+#   indirection (indices -> rows) Triton gives each load (num_stages-1)//2 tiles of lead, so 3 or 4 stages leave
+#   a single row buffer that is refilled only after the tile's math.
+# * fp8 cache: the bytes pass through the decode before any dot, so Triton leaves them synchronous; those tiles use
+#   the kernel's own register prefetch (PREFETCH) with num_stages=1.
+# Consumer parts (sm_120/121, sm_8x) are held to 99 KiB of shared memory, mma.sync and 64K registers per SM;
+# Hopper/Blackwell-DC get 227 KiB and can hold 64 heads per program (each KV row gathered once per token).
+def _fwd_tiles(capability: tuple[int, int], dtype: torch.dtype, kv_format: str) -> dict[int, FwdTile]:
+    cap = tuple(capability)
+    fp8 = kv_format == "fp8_ds_mla"
+    if dtype == torch.float32:  # interpreter exactness path
+        t = FwdTile(16, 16, 4, 1, 1)
+        return {16: t, 32: t, 64: t}
+    if cap[0] in (9, 10):
+        if fp8:
+            # 64 rows a tile: ~42 KB of gathers in flight per SM at 4+ TB/s
+            t16 = FwdTile(16, 64, 8, 1, 1, prefetch=True)   # 92 KiB, 252 regs
+            t32 = FwdTile(32, 32, 8, 1, 1, prefetch=True)   # 74 KiB, 246 regs (64 heads/program spills)
+            return {16: t16, 32: t32, 64: t32}
+        return {16: FwdTile(16, 32, 4, 5, 2),                # 94 KiB, 194 regs
+                32: FwdTile(32, 32, 8, 5, 1),                # 113 KiB, 151 regs
+                64: FwdTile(64, 32, 8, 5, 1)}                # 185 KiB, 252 regs
+    if fp8:
+        t16 = FwdTile(16, 32, 8, 1, 1, prefetch=True)       # 55 KiB, 188 regs
+        t32 = FwdTile(32, 32, 8, 1, 1, prefetch=True)       # 74 KiB, 234 regs
+        return {16: t16, 32: t32, 64: t32}
+    return {16: FwdTile(16, 32, 4, 5, 1),                    # 94 KiB, 184 regs
+            32: FwdTile(32, 16, 8, 5, 1),                    # 75 KiB, 142 regs
+            64: FwdTile(32, 16, 8, 5, 1)}
+
+
+def _head_class(num_heads: int) -> int:
+    return 16 if num_heads <= 16 else (32 if num_heads <= 32 else 64)
+
+
+def fp8_decode_native(capability: tuple[int, int]) -> bool:
+    """Which e4m3 decode the fp8 kernel uses: Triton's float8e4nv conversion (sm_89+) or the integer trick.
+    ``GLM5_SPARSE_MLA_FP8_DECODE=manual|native`` overrides (for benchmarking); native is refused below sm_89."""
+    mode = os.environ.get("GLM5_SPARSE_MLA_FP8_DECODE", "auto").lower()
+    if not native_fp8_supported(capability):
+        return False
+    if mode == "manual":
+        return False
+    return True
+
+
+def select_fwd_tile(capability, dtype, kv_format, num_heads) -> FwdTile:
+    return _fwd_tiles(tuple(capability), dtype, kv_format)[_head_class(num_heads)]
+
+
+COMBINE_BLOCK_D = 128
+
+
+def _combine_block_s(num_splits: int) -> int:
+    return 8 if num_splits <= 8 else 32
+
+
+def kernel_configs(capability, dtype, kv_format) -> list[KernelConfig]:
+    """Every (kernel, constexprs, num_warps, num_stages) the launch heuristics can pick on ``capability`` for
+    query dtype ``dtype`` (bf16/fp16) and ``kv_format``.  fp32 queries are an interpreter-only test path and have
+    no GPU configurations.  The fp8 decode is the one :func:`fp8_decode_native` picks by default; the
+    ``GLM5_SPARSE_MLA_FP8_DECODE=manual`` benchmarking override on sm_89+ compiles the sm_80/86 variant there."""
+    cap = tuple(capability)
+    if kv_format not in KV_FORMATS:
+        raise ValueError(f"kv_format must be one of {KV_FORMATS}, got {kv_format!r}")
+    if dtype not in (torch.bfloat16, torch.float16):
+        return []
+    is_fp8 = kv_format == "fp8_ds_mla"
+    native = is_fp8 and native_fp8_supported(cap)
+    seen, out = set(), []
+    for tile in _fwd_tiles(cap, dtype, kv_format).values():
+        for partial in (False, True):
+            cfg = KernelConfig("fwd", tuple(sorted(dict(
+                IS_FP8=is_fp8, FP8_NATIVE=native, WRITE_PARTIAL=partial, PREFETCH=tile.prefetch,
+                BLOCK_H=tile.block_h, BLOCK_N=tile.block_n).items())), tile.num_warps, tile.num_stages)
+            if cfg not in seen:
+                seen.add(cfg)
+                out.append(cfg)
+    for bs in (8, 32):
+        out.append(KernelConfig("combine", tuple(sorted(dict(BLOCK_S=bs, BLOCK_D=COMBINE_BLOCK_D).items())), 4, 1))
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def choose_num_splits(num_tokens: int, num_heads: int, topk: int, num_sms: int, block_h: int, block_n: int,
+                      occupancy: int = 1, row_bytes: int = 2 * D_QK) -> int:
+    """Split count from shapes only (so a CUDA graph captured for a fixed T stays valid).
+
+    Cost in units of "one program gathers and processes one tile of BLOCK_N rows":
+    ``waves * (tiles per program + partial write) + combine``, where ``waves = ceil(programs / (SMs *
+    occupancy))``, a program's fp32 partial (BLOCK_H x 512) costs half its size in tile bytes, and the combine
+    costs a launch (2 tiles) plus streaming every partial twice over all SMs.  Ties go to fewer splits, every
+    split keeps at least two tiles (so the gather pipeline has something to overlap), at most MAX_SPLITS."""
+    hb = triton.cdiv(num_heads, block_h)
+    base = num_tokens * hb
+    n_tiles = triton.cdiv(topk, block_n)
+    slots = max(1, num_sms * occupancy)
+    tile_bytes = float(block_n * row_bytes)
+    part_bytes = float(block_h * (D_V + 1) * 4)
+    max_s = max(1, min(MAX_SPLITS, n_tiles // 2))
+    best, best_cost = 1, None
+    for s in range(1, max_s + 1):
+        tps = triton.cdiv(n_tiles, s)
+        if triton.cdiv(n_tiles, tps) != s:  # same per-program work as a smaller s
+            continue
+        waves = triton.cdiv(base * s, slots)
+        if s == 1:
+            cost = float(waves * tps)
+        else:
+            cost = (waves * (tps + 0.5 * part_bytes / tile_bytes) + 2.0
+                    + 2.0 * base * s * part_bytes / (max(1, num_sms) * tile_bytes))
+        if best_cost is None or cost < best_cost - 1e-9:
+            best, best_cost = s, cost
+    return best
+
+
+@functools.lru_cache(maxsize=64)
+def _device_info(index: int):
+    props = torch.cuda.get_device_properties(index)
+    return (props.major, props.minor), props.multi_processor_count
+
+
+# default target when running on CPU (Triton interpreter): behaves like an sm_120 board
+CPU_DEFAULT_CAPABILITY = (12, 0)
+CPU_DEFAULT_NUM_SMS = 16
+
+
+def workspace_numel(num_tokens: int, num_heads: int, num_splits: int) -> int:
+    """float32 elements needed for the split partials (out + lse); 0 when num_splits == 1."""
+    if num_splits <= 1:
+        return 0
+    return num_tokens * num_splits * num_heads * (D_V + 1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Launch wrapper
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _kv_geometry(kv_cache: torch.Tensor, kv_format: str, q_dtype: torch.dtype):
+    """Returns (kv tensor as the kernel reads it, num_blocks, block_size, block stride, row stride)."""
+    width = FP8_ROW_BYTES if kv_format == "fp8_ds_mla" else D_QK
+    kv = kv_cache
+    if kv.dim() == 4 and kv.shape[2] == 1:  # vLLM/FlashMLA views with a singleton head dim
+        kv = kv[:, :, 0, :]
+    if kv.dim() == 2:
+        kv = kv.unsqueeze(0)  # flat [num_slots, W]: one block holding every slot
+    if kv.dim() != 3 or kv.shape[-1] != width:
+        raise ValueError(f"kv_cache for kv_format={kv_format!r} must be [num_blocks, block_size, {width}] "
+                         f"(or [num_slots, {width}]), got {tuple(kv_cache.shape)}")
+    if kv.stride(-1) != 1:
+        raise ValueError("kv_cache rows must be contiguous (last-dim stride 1)")
+    if kv_format == "fp8_ds_mla":
+        if kv.dtype not in (torch.uint8, torch.float8_e4m3fn):
+            raise TypeError(f"fp8_ds_mla kv_cache must be uint8 (or float8_e4m3fn), got {kv.dtype}")
+        kv = kv.view(torch.uint8)
+        if kv.stride(0) % 4 or kv.stride(1) % 4 or kv.data_ptr() % 4:
+            raise ValueError("fp8_ds_mla rows must start 4-byte aligned (their fp32 scales are read in place)")
+    elif kv.dtype != q_dtype:
+        raise TypeError(f"kv_format='bf16' needs kv_cache in the query dtype {q_dtype}, got {kv.dtype}")
+    nb, bs = kv.shape[0], kv.shape[1]
+    stride_b = kv.stride(0) if nb > 1 else bs * kv.stride(1)
+    return kv, nb, bs, stride_b, kv.stride(1)
+
+
+def sparse_mla_attention(q, kv_cache: torch.Tensor, indices: torch.Tensor, sm_scale: float, *,
+                         kv_format: str, d_v: int = D_V, out: Optional[torch.Tensor] = None,
+                         lse: Optional[torch.Tensor] = None, num_splits: Optional[int] = None,
+                         workspace: Optional[torch.Tensor] = None, num_sms: Optional[int] = None,
+                         capability: Optional[tuple[int, int]] = None, tile: Optional[FwdTile] = None):
+    """Sparse MLA attention over per-token top-k KV slots.
+
+    Args:
+        q: ``[T, H, 576]`` (bf16/fp16; fp32 only on CPU, for exactness checks), or a tuple
+            ``(q_nope [T, H, 512], q_pe [T, H, 64])`` to skip concatenating them.  Last-dim stride 1.
+        kv_cache: ``kv_format="bf16"`` (the name covers fp16 too): ``[num_blocks, block_size, 576]`` in q's dtype,
+            or flat ``[num_slots, 576]``.  ``kv_format="fp8_ds_mla"``: uint8 ``[num_blocks, block_size, 656]`` =
+            512 e4m3 latent bytes, 4 fp32 scales (one per 128 latent values, any positive value), 64 bf16 rope.
+            A ``[nb, bs, 1, W]`` view is accepted.  Block stride may exceed ``block_size * row stride``.
+        indices: ``[T, K]`` int32 global slots (``block * block_size + offset``).  ``-1`` (and anything outside
+            ``[0, num_blocks * block_size)``) is skipped, wherever it sits in the row.
+        sm_scale: softmax scale applied to the 576-dim dot products.
+        d_v: value width; only 512 (the latent) is supported.
+        out: optional ``[T, H, 512]`` output in q's dtype (last-dim stride 1).
+        lse: optional ``[T, H]`` float32.
+        num_splits: force the split-K factor (1 = no combine).  Default: :func:`choose_num_splits`.
+        workspace: optional preallocated float32 tensor with at least :func:`workspace_numel` elements.
+        num_sms, capability: override what is read from the device (CPU default: sm_120-like, 16 SMs).
+        tile: override the :class:`FwdTile` (tuning/tests).
+
+    Returns:
+        ``(out, lse)``: ``out[t, h] = sum_j softmax_j * V_j`` with the softmax over the valid slots only,
+        ``lse[t, h] = log(sum_j exp(sm_scale * q.k_j))`` as a **natural** log in float32.  A row with no valid
+        slot yields ``out = 0`` and ``lse = -inf``.
+
+    Numerics: 16-bit dot inputs, fp32 accumulation and softmax; P is rounded to q's dtype before PV (as in
+    FlashAttention/FlashMLA).  fp8_ds_mla: P*scale is rounded to q's dtype, so with fp16 queries a scale must stay
+    below 255 (latent amax below ~1.1e5); bf16 has no such limit.
+
+    No host synchronisation; the split count depends only on shapes and the SM count, so a call with fixed T is
+    CUDA-graph capturable (pass ``workspace``/``out``/``lse`` to keep all memory outside the graph pool).
+    """
+    if kv_format not in KV_FORMATS:
+        raise ValueError(f"kv_format must be one of {KV_FORMATS}, got {kv_format!r}")
+    if d_v != D_V:
+        raise NotImplementedError(f"only d_v={D_V} (the MLA latent) is supported, got {d_v}")
+    if isinstance(q, (tuple, list)):
+        q_nope, q_pe = q
+        if q_nope.shape[-1] != D_LATENT or q_pe.shape[-1] != D_ROPE or q_nope.shape[:2] != q_pe.shape[:2]:
+            raise ValueError(f"q tuple must be ([T,H,{D_LATENT}], [T,H,{D_ROPE}]), got "
+                             f"{tuple(q_nope.shape)}, {tuple(q_pe.shape)}")
+        if q_pe.dtype != q_nope.dtype:
+            raise TypeError("q_nope and q_pe must share a dtype")
+    else:
+        if q.dim() != 3 or q.shape[-1] != D_QK:
+            raise ValueError(f"q must be [T, H, {D_QK}], got {tuple(q.shape)}")
+        q_nope, q_pe = q, q[..., D_LATENT:]
+    if q_nope.dtype not in _TL_DTYPES:
+        raise TypeError(f"q dtype must be bf16, fp16 or fp32, got {q_nope.dtype}")
+    if q_nope.dtype == torch.float32 and q_nope.is_cuda:
+        raise TypeError("fp32 queries are an interpreter test path; use bf16 or fp16 on a GPU")
+    if q_nope.stride(-1) != 1 or q_pe.stride(-1) != 1:
+        raise ValueError("q must have last-dim stride 1")
+    T, H = q_nope.shape[0], q_nope.shape[1]
+    if H < 1:
+        raise ValueError("need at least one head")
+    if indices.dim() == 3 and indices.shape[1] == 1:
+        indices = indices[:, 0, :]
+    if indices.dim() != 2 or indices.shape[0] != T:
+        raise ValueError(f"indices must be [T={T}, K], got {tuple(indices.shape)}")
+    if indices.dtype != torch.int32:
+        raise TypeError(f"indices must be int32, got {indices.dtype}")
+    if indices.stride(-1) != 1:
+        indices = indices.contiguous()
+    K = indices.shape[1]
+    kv, nb, bs, stride_kb, stride_kr = _kv_geometry(kv_cache, kv_format, q_nope.dtype)
+    dev = q_nope.device
+
+    if out is None:
+        out = torch.empty((T, H, D_V), dtype=q_nope.dtype, device=dev)
+    elif out.shape != (T, H, D_V) or out.dtype != q_nope.dtype or out.stride(-1) != 1:
+        raise ValueError(f"out must be [T, H, {D_V}] {q_nope.dtype} with last-dim stride 1")
+    if lse is None:
+        lse = torch.empty((T, H), dtype=torch.float32, device=dev)
+    elif lse.shape != (T, H) or lse.dtype != torch.float32:
+        raise ValueError("lse must be [T, H] float32")
+    if T == 0:
+        return out, lse
+    if K == 0:
+        out.zero_()
+        lse.fill_(float("-inf"))
+        return out, lse
+
+    if dev.type == "cuda":
+        cap, sms = _device_info(dev.index if dev.index is not None else torch.cuda.current_device())
+    else:
+        cap, sms = CPU_DEFAULT_CAPABILITY, CPU_DEFAULT_NUM_SMS
+    cap = tuple(capability) if capability is not None else cap
+    sms = num_sms if num_sms is not None else sms
+    if tile is None:
+        tile = select_fwd_tile(cap, q_nope.dtype, kv_format, H)
+    num_hb = triton.cdiv(H, tile.block_h)
+    n_tiles = triton.cdiv(K, tile.block_n)
+    if num_splits is None:
+        num_splits = choose_num_splits(T, H, K, sms, tile.block_h, tile.block_n, tile.occupancy,
+                                       FP8_ROW_BYTES if kv_format == "fp8_ds_mla" else 2 * D_QK)
+    # every split needs a tile, and the combine kernel reads at most MAX_SPLITS partials
+    num_splits = max(1, min(int(num_splits), n_tiles, MAX_SPLITS))
+    is_fp8 = kv_format == "fp8_ds_mla"
+    native = is_fp8 and q_nope.dtype != torch.float32 and fp8_decode_native(cap)
+
+    common = dict(IS_FP8=is_fp8, FP8_NATIVE=native, BLOCK_H=tile.block_h, BLOCK_N=tile.block_n,
+                  PREFETCH=tile.prefetch,
+                  num_warps=tile.num_warps, num_stages=tile.num_stages)
+    grid = (T * num_splits * num_hb,)
+    num_slots = nb * bs
+    if num_splits == 1:
+        _sparse_mla_fwd_kernel[grid](
+            q_nope, q_pe, kv, indices, out, lse,
+            sm_scale * LOG2E,
+            H, K, num_slots, bs, num_hb, 1,
+            q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1),
+            stride_kb, stride_kr, indices.stride(0),
+            out.stride(0), 0, out.stride(1),
+            lse.stride(0), 0, lse.stride(1),
+            WRITE_PARTIAL=False, **common)
+        return out, lse
+
+    need = workspace_numel(T, H, num_splits)
+    if workspace is None:
+        workspace = torch.empty(need, dtype=torch.float32, device=dev)
+    elif workspace.dtype != torch.float32 or workspace.numel() < need or not workspace.is_contiguous():
+        raise ValueError(f"workspace must be a contiguous float32 tensor with >= {need} elements")
+    n_out = T * num_splits * H * D_V
+    ws_out = workspace[:n_out].view(T, num_splits, H, D_V)
+    ws_lse = workspace[n_out:n_out + T * num_splits * H].view(T, num_splits, H)
+    _sparse_mla_fwd_kernel[grid](
+        q_nope, q_pe, kv, indices, ws_out, ws_lse,
+        sm_scale * LOG2E,
+        H, K, num_slots, bs, num_hb, num_splits,
+        q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1),
+        stride_kb, stride_kr, indices.stride(0),
+        ws_out.stride(0), ws_out.stride(1), ws_out.stride(2),
+        ws_lse.stride(0), ws_lse.stride(1), ws_lse.stride(2),
+        WRITE_PARTIAL=True, **common)
+    _sparse_mla_combine_kernel[(T * H * (D_V // COMBINE_BLOCK_D),)](
+        ws_out, ws_lse, out, lse,
+        H, num_splits,
+        ws_out.stride(0), ws_out.stride(1), ws_out.stride(2),
+        ws_lse.stride(0), ws_lse.stride(1), ws_lse.stride(2),
+        out.stride(0), out.stride(1),
+        lse.stride(0), lse.stride(1),
+        BLOCK_S=_combine_block_s(num_splits), BLOCK_D=COMBINE_BLOCK_D, num_warps=4, num_stages=1)
+    return out, lse
