@@ -10,6 +10,7 @@ PATCH_MODULES = (
     "gguf_config",
     "dtype_gate",
     "gguf_loader",
+    "attention_selector",
 )
 
 
