@@ -14,24 +14,30 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" VLLM_USE_FLASHINFER_SAMPLER=
 nvidia-smi -L | tee -a "$OUT/session.log"
 python -m glm5_shim doctor >> "$OUT/session.log" 2>&1
 if [[ " $steps " == *" tests "* ]]; then
-  log tests; timeout 900 python -m pytest -q -x tests/gpu -p no:cacheprovider 2>&1 | tail -60 > "$OUT/gpu_tests.log"
+  log tests; timeout 900 python -m pytest -q ${GPU_TESTS:-tests/gpu} -p no:cacheprovider 2>&1 | tail -80 > "$OUT/gpu_tests.log"
 fi
 if [[ " $steps " == *" bench "* ]]; then
-  log sparse_mla; timeout 900 python bench/sparse_mla.py --out /tmp/bench_sparse >> "$OUT/session.log" 2>&1
-  cp /tmp/bench_sparse/*.md "$OUT/sparse_mla.md" 2>/dev/null
-  log indexer; timeout 900 python bench/indexer.py --out /tmp/bench_indexer >> "$OUT/session.log" 2>&1
-  cp /tmp/bench_indexer/*.md "$OUT/indexer.md" 2>/dev/null
+  if [[ " ${BENCHES:-sparse_mla indexer} " == *" sparse_mla "* ]]; then
+    log sparse_mla; timeout 900 python bench/sparse_mla.py --out /tmp/bench_sparse >> "$OUT/session.log" 2>&1
+    cp /tmp/bench_sparse/sparse_mla.md "$OUT/sparse_mla.md" 2>/dev/null
+  fi
+  if [[ " ${BENCHES:-sparse_mla indexer} " == *" indexer "* ]]; then
+    log indexer; timeout 900 python bench/indexer.py --out /tmp/bench_indexer >> "$OUT/session.log" 2>&1
+    cp /tmp/bench_indexer/*.md "$OUT/indexer.md" 2>/dev/null
+  fi
 fi
 if [[ " $steps " == *" e2e "* ]]; then
   log e2e; mkdir -p /tmp/m
   python -m glm5_shim make-tiny /tmp/m/tiny.gguf --quant Q8_0 --layers 3 --heads 16 --index-heads 32 \
     --index-topk 128 >> "$OUT/session.log" 2>&1
   for kv in auto fp8_ds_mla; do
-    GLM5_SHIM_ATTENTION=triton GLM5_SHIM_INDEXER=triton timeout 600 python bench/e2e_smoke.py run \
+    env GLM5_SHIM_ATTENTION=triton ${E2E_INDEXER:-GLM5_SHIM_INDEXER=triton} timeout 600 python bench/e2e_smoke.py run \
       /tmp/shim_$kv.json /tmp/m/tiny.gguf --kv-cache-dtype $kv >> "$OUT/session.log" 2>&1
     timeout 600 python bench/e2e_smoke.py run /tmp/native_$kv.json /tmp/m/tiny.gguf --kv-cache-dtype $kv \
       >> "$OUT/session.log" 2>&1
-    { echo "### kv $kv: shim-forced (Triton attention + Triton indexer) vs native (FLASHMLA_SPARSE + DeepGEMM)";
+    { echo "### kv $kv: shim-forced (Triton attention; ${E2E_INDEXER:-GLM5_SHIM_INDEXER=triton}) vs native (FLASHMLA_SPARSE + DeepGEMM)";
+      echo; echo "shim: $(python -c "import json; d=json.load(open('/tmp/shim_$kv.json')); d.pop('rows'); print(d)" 2>&1)";
+      echo; echo "native: $(python -c "import json; d=json.load(open('/tmp/native_$kv.json')); d.pop('rows'); print(d)" 2>&1)"; echo;
       python bench/e2e_smoke.py compare /tmp/shim_$kv.json /tmp/native_$kv.json; } >> "$OUT/e2e.md" 2>&1
   done
 fi

@@ -11,6 +11,7 @@ PATCH_MODULES = (
     "dtype_gate",
     "gguf_loader",
     "attention_selector",
+    "indexer",
 )
 
 
