@@ -7,7 +7,7 @@ import threading
 
 from vllm.logger import init_logger
 
-logger = init_logger("glm5_shim.gguf")
+logger = init_logger("vllm.glm5_shim.gguf")
 _lock = threading.Lock()
 _plans: dict[tuple, object] = {}
 

@@ -59,7 +59,7 @@ def _apply_selector(cuda, patch: Patch) -> None:
     from vllm.logger import init_logger
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
-    logger = init_logger("glm5_shim.attention")
+    logger = init_logger("vllm.glm5_shim.attention")
     base = cuda.CudaPlatformBase
     original = base.get_attn_backend_cls.__func__
 

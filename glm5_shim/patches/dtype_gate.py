@@ -47,7 +47,7 @@ def _apply_model(model_module, patch: Patch) -> None:
     from vllm.logger import init_logger
     from vllm.transformers_utils.gguf_utils import is_gguf
 
-    logger = init_logger("glm5_shim.dtype")
+    logger = init_logger("vllm.glm5_shim.dtype")
     original = model_module._get_and_verify_dtype
 
     def _get_and_verify_dtype(model_id, config, dtype, *args, **kwargs):

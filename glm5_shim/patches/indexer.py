@@ -81,7 +81,7 @@ def _apply(sai, patch: Patch) -> None:
 
     from vllm.logger import init_logger
 
-    logger = init_logger("glm5_shim.indexer")
+    logger = init_logger("vllm.glm5_shim.indexer")
     idx = importlib.import_module(_IDX)
     original_prefill, original_decode = sai.fp8_fp4_mqa_logits, sai.fp8_fp4_paged_mqa_logits
     import vllm.utils.import_utils as import_utils
