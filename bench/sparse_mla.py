@@ -131,7 +131,8 @@ def ext_calls(ext, q, kv, kv8, idx):
         f = ext["vllm_triton"]
         kv_flat = kv.view(-1, 1, 576)
         idx3 = idx.view(T, 1, TOPK)
-        calls["vllm_triton"] = lambda: f(q, kv_flat, idx3, sm_scale=SCALE)
+        # bind f now: the name is reused below (a late-binding closure called FlashMLA here before)
+        calls["vllm_triton"] = lambda f=f, kv_flat=kv_flat, idx3=idx3: f(q, kv_flat, idx3, sm_scale=SCALE)
     if "flashmla_bf16" in ext or "flashmla_fp8" in ext:
         # FlashMLA wants a multiple of 64 heads on Hopper: zero-pad like vLLM does
         qp = q if H % 64 == 0 else torch.nn.functional.pad(q, (0, 0, 0, 64 - H % 64))
@@ -140,7 +141,7 @@ def ext_calls(ext, q, kv, kv8, idx):
                 f = ext["flashmla_bf16"]
                 kv_1 = kv.view(-1, 1, 576)
                 idx3 = idx.view(T, 1, TOPK)
-                calls["flashmla_bf16"] = lambda: f(qp, kv_1, idx3, SCALE, 512, None, None, None)
+                calls["flashmla_bf16"] = lambda f=f, kv_1=kv_1, idx3=idx3: f(qp, kv_1, idx3, SCALE, 512, None, None, None)
             if "flashmla_fp8" in ext:
                 f8 = ext["flashmla_fp8"]
                 q4 = qp.view(T, 1, qp.shape[1], 576)
