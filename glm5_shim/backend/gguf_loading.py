@@ -54,3 +54,9 @@ def load_glm_weights(model, path: str | os.PathLike, load_config) -> None:
               bar_format=weight_utils._BAR_FORMAT) as progress:
         loaded = model.load_weights(iter_weights(plan, progress))
     check_all_loaded(model, loaded if isinstance(loaded, set) else None, path)
+    _forget_plans()  # drop the readers: their memory maps of a several-hundred-GB file are no longer needed
+
+
+def _forget_plans() -> None:
+    with _lock:
+        _plans.clear()
