@@ -8,13 +8,21 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+# Triton decides at import whether @triton.jit functions run in its CPU interpreter.  Without a GPU every kernel
+# test runs there, so the switch must be on before any test module (or the kernels) is imported; the offline
+# compile tests run in subprocesses without it.
+try:
+    import torch as _torch
+
+    _has_cuda = _torch.cuda.is_available()
+except Exception:
+    _has_cuda = False
+if not _has_cuda:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 def _has_gpu() -> bool:
-    try:
-        import torch
-        return torch.cuda.is_available()
-    except Exception:
-        return False
+    return _has_cuda
 
 
 def pytest_collection_modifyitems(config, items):

@@ -7,13 +7,27 @@ import pathlib
 from tests.helpers import last_json, run_python, script
 
 STATUS = """
-import json, sys
-import vllm.engine.arg_utils, vllm.config.model, vllm.model_executor.layers.quantization.gguf
+import importlib, json, sys
+import vllm.engine.arg_utils
 from glm5_shim.registry import REGISTRY
 from glm5_shim import activation
-print(json.dumps({"state": activation.state(), "by": activation.activated_by(),
-                  "patches": {p["name"]: [p["state"], p["reason"]] for p in REGISTRY.status()}}))
+unimportable = []
+for patch in list(REGISTRY.patches()):
+    try:
+        importlib.import_module(patch.target)
+    except ImportError:  # vllm.platforms.cuda needs the CUDA driver
+        unimportable.append(patch.target)
+print(json.dumps({"state": activation.state(), "by": activation.activated_by(), "unimportable": unimportable,
+                  "patches": {p["name"]: [p["state"], p["reason"]] for p in REGISTRY.status()},
+                  "targets": {p["name"]: p["target"] for p in REGISTRY.status()}}))
 """
+
+
+def _all_applied(out) -> bool:
+    """Every patch whose target could be imported here is applied; only CUDA-only targets may be missing."""
+    assert set(out["unimportable"]) <= {"vllm.platforms.cuda"}, out["unimportable"]
+    return all(state == "applied" or out["targets"][name] in out["unimportable"]
+               for name, (state, _) in out["patches"].items())
 
 
 def test_startup_imports_nothing_heavy():
@@ -29,8 +43,8 @@ def test_startup_imports_nothing_heavy():
 def test_importing_vllm_applies_every_patch():
     out = last_json(run_python(STATUS))
     assert out["state"] == "active" and out["by"] == ["sitecustomize"]
-    assert out["patches"], "no patch registered"
-    assert all(state == "applied" for state, _ in out["patches"].values()), out["patches"]
+    assert len(out["patches"]) >= 10, "patches missing from the registry"
+    assert _all_applied(out), out["patches"]
 
 
 def test_patched_callables_are_replacements_and_disabled_means_originals():
@@ -109,7 +123,7 @@ def test_version_guard_refuses_other_vllm_and_force_overrides():
     assert len(warnings) == 1 and "vLLM 0.24.1" in warnings[0]
     forced = last_json(run_python(script(fake, STATUS), {"GLM5_SHIM_FORCE": "1"}))
     assert forced["state"] == "active"
-    assert all(s == "applied" for s, _ in forced["patches"].values())
+    assert _all_applied(forced), forced["patches"]
 
 
 def test_activation_is_idempotent_across_routes():
