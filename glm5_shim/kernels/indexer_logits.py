@@ -31,6 +31,7 @@ and multiplied in fp16; the 2**16 this leaves out is folded into w.  Both are ex
 from __future__ import annotations
 
 import functools
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -387,8 +388,8 @@ def _device_caps(index: int) -> tuple[tuple[int, int], int]:
 
 def _device_info(t: torch.Tensor, native: bool | None) -> tuple[bool, int]:
     """(use native fp8, SM count).  On CPU (interpreter) default to the native path with a nominal 8 'SMs'."""
-    if t.device.type == "cuda":
-        cap, sms = _device_caps(t.device.index if t.device.index is not None else torch.cuda.current_device())
+    if t.is_cuda:
+        cap, sms = _device_caps(t.get_device())  # a CUDA tensor always knows its device index
         return (native_fp8_supported(cap) if native is None else native), sms
     return (True if native is None else native), 8
 
@@ -400,12 +401,13 @@ def _u8(t: torch.Tensor) -> torch.Tensor:
 def _e4m3_operand(t: torch.Tensor, native: bool) -> torch.Tensor:
     """e4m3 data as the kernels take it: float8_e4m3fn for the native path, raw bytes for sm_80/86 (Triton
     refuses fp8-typed pointers' conversions there)."""
-    return t.view(torch.float8_e4m3fn) if native else _u8(t)
+    want = torch.float8_e4m3fn if native else torch.uint8
+    return t if t.dtype == want else t.view(want)
 
 
 def _f32_view(cache: torch.Tensor) -> torch.Tensor:
     """The uint8 cache's storage as fp32 from the same base address (for the per-token scales)."""
-    assert cache.storage_offset() % 4 == 0 and all(s % 4 == 0 for s in cache.stride()[:-1])
+    assert cache.storage_offset() % 4 == 0 and math.gcd(*cache.stride()[:-1]) % 4 == 0
     return cache.view(torch.float32)
 
 
@@ -475,9 +477,11 @@ def _lens_view(context_lens: torch.Tensor, batch: int, next_n: int):
     cl = context_lens
     if cl.dtype != torch.int32:
         cl = cl.to(torch.int32)
-    if cl.dim() == 2 and cl.shape[1] == next_n and next_n > 1:
-        return cl, cl.stride(0), cl.stride(1), 0
-    cl = cl.reshape(cl.shape[0], -1)[:, -1] if cl.dim() == 2 else cl
+    if cl.dim() == 2:
+        if cl.shape[1] == next_n and next_n > 1:
+            return cl, cl.stride(0), cl.stride(1), 0
+        if cl.shape[1] != 1:  # [B, 1] already points at its last column: no view needed
+            cl = cl[:, -1]
     return cl, cl.stride(0), 0, 1
 
 
@@ -486,6 +490,7 @@ def decode_row_lens(context_lens: torch.Tensor, batch: int, next_n: int) -> torc
     cl, _, _, one_d = _lens_view(context_lens, batch, next_n)
     if not one_d:
         return cl[:batch].reshape(-1).to(torch.int32)
+    cl = cl.reshape(-1)  # [B, 1] -> [B]
     j = torch.arange(next_n, device=cl.device, dtype=torch.int32)
     return (cl[:batch, None] - next_n + 1 + j[None, :]).reshape(-1).to(torch.int32)
 
@@ -499,7 +504,7 @@ def _decode_grid(cfg: KernelConfig, device: torch.device, sms: int, args, kwargs
     from the compiled kernel's registers and shared memory; any grid size gives the same result."""
     if device.type != "cuda" or _interpreting():
         return DECODE_CTAS_PER_SM * sms
-    key = (device.index, cfg.num_warps, cfg.num_stages, tuple(sorted(cfg.constexprs.items())))
+    key = (device.index, cfg)  # KernelConfig compares by kernel, constexprs and launch options
     grid = _DECODE_GRID.get(key)
     if grid is None:
         per_sm = DECODE_CTAS_PER_SM
@@ -518,6 +523,14 @@ def _decode_grid(cfg: KernelConfig, device: torch.device, sms: int, args, kwargs
             pass
         grid = _DECODE_GRID[key] = per_sm * sms
     return grid
+
+
+@functools.lru_cache(maxsize=None)
+def _decode_launch(native: bool, num_heads: int, next_n: int, page: int, num_stages: int | None):
+    """(config, launch kwargs) per decode shape, built once: the launch is on every layer of every step."""
+    cfg = decode_config(native, num_heads, next_n, page) if num_stages is None else \
+        decode_config(native, num_heads, next_n, page, num_stages)
+    return cfg, dict(cfg.constexprs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def paged_mqa_logits_impl(q, kv_cache, weights, context_lens, block_tables, schedule_metadata, max_model_len,
@@ -540,8 +553,7 @@ def paged_mqa_logits_impl(q, kv_cache, weights, context_lens, block_tables, sche
     page = cache.shape[1]
     assert cache.shape[-1] == D + 4 and page & (page - 1) == 0, "expected [num_blocks, page, 1, 132] uint8 cache"
     assert cache.stride(0) % 4 == 0, "fp32 scales need a 4-byte aligned block stride"
-    cfg = decode_config(native, H, next_n, page) if num_stages is None else \
-        decode_config(native, H, next_n, page, num_stages)
+    cfg, kwargs = _decode_launch(native, H, next_n, page, num_stages)
 
     q_op = _e4m3_operand(q_fp8 if q_fp8.stride(-1) == 1 else q_fp8.contiguous(), native)
     weights = weights if weights.stride(-1) == 1 else weights.contiguous()
@@ -551,10 +563,10 @@ def paged_mqa_logits_impl(q, kv_cache, weights, context_lens, block_tables, sche
     out = torch.empty((B * next_n, max_model_len), dtype=torch.float32, device=q_fp8.device)
     if B == 0 or max_model_len == 0:
         return out
-    args = (q_op, q_op.stride(0), q_op.stride(1), q_op.stride(2), weights, weights.stride(0),
+    qs = q_op.stride()
+    args = (q_op, qs[0], qs[1], qs[2], weights, weights.stride(0),
             _e4m3_operand(cache, native), cache.stride(0), _f32_view(cache), lens, s_lb, s_lj, one_d, bt, bt.stride(0),
             out, out.stride(0), B, next_n, max_model_len, 1.0 if native else _MANUAL_W_SCALE)
-    kwargs = dict(cfg.constexprs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if num_programs is None:
         num_programs = _decode_grid(cfg, q_fp8.device, sms, args, kwargs)
     _paged_mqa_logits_kernel[(num_programs,)](*args, **kwargs)

@@ -247,3 +247,48 @@ def test_launch_configs_are_listed(cap):
     picked += [il.decode_config(native, h, n) for h in il.SUPPORTED_HEADS for n in il.SUPPORTED_NEXT_N]
     for c in picked:
         assert (c.name, tuple(sorted(c.constexprs.items())), c.num_warps, c.num_stages) in listed
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# host path (no kernel runs)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_lens_views_without_copies():
+    L = torch.tensor([70, 5, 300], dtype=torch.int32)
+    col = L[:, None].contiguous()
+    wide = torch.stack([L - 9, L - 4, L], dim=1)  # [B, 3] used with next_n 2: the last column is the length
+    for next_n in (1, 2):
+        t, s_b, s_j, one_d = il._lens_view(col, 3, next_n)
+        assert t.data_ptr() == col.data_ptr() and (s_b, s_j, one_d) == (1, 0, 1)
+        t, s_b, s_j, one_d = il._lens_view(wide, 3, next_n)
+        assert t.data_ptr() == wide[:, -1].data_ptr() and (s_b, s_j, one_d) == (3, 0, 1)
+        want = il.decode_row_lens(L, 3, next_n)
+        assert torch.equal(il.decode_row_lens(col, 3, next_n), want)
+        assert torch.equal(il.decode_row_lens(wide, 3, next_n), want)
+    t, s_b, s_j, one_d = il._lens_view(wide[:, :2], 3, 2)  # [B, next_n]: per-row lengths
+    assert (s_b, s_j, one_d) == (3, 1, 0)
+
+
+def test_paged_launch_arguments(monkeypatch):
+    calls = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: calls.append((grid, args, kwargs))
+
+    monkeypatch.setattr(il, "_paged_mqa_logits_kernel", Recorder())
+    g = _seed("launch")
+    q8, w, cache, bt, cl = _decode_case(g, 64, 1, [100, 7], two_d=False)
+    for lens in (cl, cl[:, 0].contiguous()):  # [B, 1] and [B]
+        for native in (True, False):
+            out = il.paged_mqa_logits_impl((q8, None), cache, w, lens, bt, None, 128, False, native=native)
+            grid, args, kwargs = calls[-1]
+            assert grid == (il.DECODE_CTAS_PER_SM * 8,) and args[15] is out
+            assert args[0].dtype == (torch.float8_e4m3fn if native else torch.uint8)
+            assert args[0].data_ptr() == q8.data_ptr() and args[6].data_ptr() == cache.data_ptr()
+            assert args[8].dtype == torch.float32 and args[8].data_ptr() == cache.data_ptr()
+            assert args[9].data_ptr() == lens.data_ptr() and args[10:13] == (lens.stride(0), 0, 1)
+            assert args[16:21] == (128, 2, 1, 128, 1.0 if native else il._MANUAL_W_SCALE)
+            cfg = il.decode_config(native, 64, 1, cache.shape[1])
+            assert kwargs == dict(cfg.constexprs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
