@@ -55,6 +55,7 @@ ENV_SWITCHES = {
     "GLM5_SHIM_GGUF_BF16": "1 allows an explicit --dtype bfloat16 for GGUF on compute capability >= 10",
     "GLM5_SHIM_ATTENTION": "auto | triton: force the shim's sparse-MLA backend on any GPU",
     "GLM5_SHIM_INDEXER": "auto | triton: force the shim's Triton indexer on any GPU",
+    "GLM5_SHIM_CACHE": "where tokenizers rebuilt from GGUFs are kept (default ~/.cache/glm5_shim)",
 }
 
 
