@@ -159,6 +159,18 @@ def _row_lens(lens_ptr, b, stride_lb, stride_lj, lens_1d, next_n, offs_j):
 
 
 @triton.jit
+def _chunk_tile_counts(lens_ptr, c, B, stride_lb, stride_lj, lens_1d, next_n, max_len, offs_sb, offs_j, j_ok,
+                       BLOCK_N: tl.constexpr):
+    """BLOCK_N-token tiles of requests c .. c+SB-1 (the longest of each request's next_n rows, capped at max_len)."""
+    bb = c + offs_sb
+    ok = (bb[:, None] < B) & j_ok[None, :]
+    ln = tl.load(lens_ptr + bb[:, None] * stride_lb + offs_j[None, :] * stride_lj, mask=ok, other=0)
+    ln = ln + lens_1d * (offs_j[None, :] - (next_n - 1))
+    lmax = tl.minimum(tl.max(tl.where(ok, ln, 0), axis=1), max_len)
+    return tl.cdiv(tl.maximum(lmax, 0), BLOCK_N).to(tl.int64)
+
+
+@triton.jit
 def _paged_mqa_logits_kernel(
     q_ptr, stride_qb, stride_qn, stride_qh,   # q [B, next_n, H, D] e4m3 (float8e4nv ptr if NATIVE, else uint8)
     w_ptr, stride_wr,                         # fp32 [B * next_n, H]
@@ -185,12 +197,8 @@ def _paged_mqa_logits_kernel(
 
     total = tl.zeros([], dtype=tl.int64)
     for c in range(0, B, SB):
-        bb = c + offs_sb
-        ok = (bb[:, None] < B) & j_ok[None, :]
-        ln = tl.load(lens_ptr + bb[:, None] * stride_lb + offs_j[None, :] * stride_lj, mask=ok, other=0)
-        ln = ln + lens_1d * (offs_j[None, :] - (next_n - 1))
-        lmax = tl.minimum(tl.max(tl.where(ok, ln, 0), axis=1), max_len)
-        total += tl.sum(tl.cdiv(tl.maximum(lmax, 0), BLOCK_N).to(tl.int64), axis=0)
+        total += tl.sum(_chunk_tile_counts(lens_ptr, c, B, stride_lb, stride_lj, lens_1d, next_n, max_len,
+                                           offs_sb, offs_j, j_ok, BLOCK_N), axis=0)
     t_begin = pid * total // n_prog
     t_end = (pid + 1) * total // n_prog
 
@@ -200,12 +208,8 @@ def _paged_mqa_logits_kernel(
         first = tl.zeros([], dtype=tl.int64)
         acc = tl.zeros([], dtype=tl.int64)
         for c in range(0, B, SB):
-            bb = c + offs_sb
-            ok = (bb[:, None] < B) & j_ok[None, :]
-            ln = tl.load(lens_ptr + bb[:, None] * stride_lb + offs_j[None, :] * stride_lj, mask=ok, other=0)
-            ln = ln + lens_1d * (offs_j[None, :] - (next_n - 1))
-            lmax = tl.minimum(tl.max(tl.where(ok, ln, 0), axis=1), max_len)
-            nt = tl.cdiv(tl.maximum(lmax, 0), BLOCK_N).to(tl.int64)
+            nt = _chunk_tile_counts(lens_ptr, c, B, stride_lb, stride_lj, lens_1d, next_n, max_len, offs_sb, offs_j,
+                                    j_ok, BLOCK_N)
             before = (tl.cumsum(nt, axis=0) + acc) <= t_begin  # a prefix of the rows (cumsum is monotone)
             b += tl.sum(before.to(tl.int32), axis=0)
             first += tl.sum(tl.where(before, nt, 0), axis=0)
