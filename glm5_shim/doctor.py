@@ -136,6 +136,12 @@ def _model_summary(path: str) -> dict:
     findings = validate(path)
     summary["errors"] = [f.message for f in findings if f.level == "error"]
     summary["warnings"] = [f.message for f in findings if f.level != "error"]
+    if not summary["errors"]:
+        from glm5_shim.gguf.inspect import inspect_report
+
+        report = inspect_report(path)
+        summary["weight_bytes_per_gpu"] = report["weight_bytes_per_gpu"]
+        summary["kv_cache_bytes_per_token"] = report["kv_cache_bytes_per_token"]
     return summary
 
 
@@ -181,6 +187,12 @@ def format_text(r: dict) -> str:
                      f"{len(m['warnings'])} warning(s)")
         for message in m["errors"][:10] + m["warnings"][:10]:
             lines.append(f"  {message}")
+        if "weight_bytes_per_gpu" in m:
+            gib = {tp: b / 2**30 for tp, b in m["weight_bytes_per_gpu"].items()}
+            kv = m["kv_cache_bytes_per_token"]
+            lines.append("  weights per GPU: " + ", ".join(f"TP{tp} {v:.2f} GiB" for tp, v in gib.items()))
+            lines.append(f"  KV cache per token: {kv['total_bf16']} B bf16, {kv['total_fp8_ds_mla']} B with "
+                         "--kv-cache-dtype fp8_ds_mla (MLA + indexer, all layers)")
     return "\n".join(lines)
 
 

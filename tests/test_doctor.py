@@ -48,3 +48,17 @@ def test_doctor_text_and_disabled_shim(tmp_path):
     report = json.loads(off.stdout)
     assert report["activation"] == "disabled"
     assert all(p["state"] == "disabled" for p in report["patches"])
+
+
+def test_doctor_checks_a_model_without_a_gpu(tmp_path):
+    from glm5_shim.gguf.fixture import make_tiny
+
+    good = make_tiny(tmp_path / "m.gguf", layers=2, write_reference=False)[0]
+    report = json.loads(_doctor(str(good), "--json").stdout)
+    assert report["model"]["architecture"] == "glm-dsa" and report["model"]["errors"] == []
+    per_gpu = {int(k): v for k, v in report["model"]["weight_bytes_per_gpu"].items()}
+    assert per_gpu[8] < per_gpu[4] < per_gpu[2] < per_gpu[1]
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"nope")
+    text = _doctor(str(bad)).stdout
+    assert "1 error(s)" in text and "not a GGUF" in text
