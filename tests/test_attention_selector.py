@@ -49,7 +49,8 @@ except ValueError:
     results["custom"] = None  # stock vLLM: nothing registered in the CUSTOM slot
 print(json.dumps(results))
 """
-CASES = [((12, 0), "float16", "auto"), ((12, 0), "bfloat16", "fp8_ds_mla"), ((12, 1), "float16", "auto"),
+CASES = [((12, 0), "float16", "auto"), ((12, 0), "bfloat16", "fp8_ds_mla"), ((12, 0), "bfloat16", "fp8"),
+         ((12, 1), "float16", "auto"),
          ((8, 9), "bfloat16", "auto"), ((8, 6), "bfloat16", "auto"), ((8, 0), "float16", "auto"),
          ((9, 0), "bfloat16", "auto"), ((9, 0), "float16", "auto")]
 SHIM = "glm5_shim.backend.sparse_mla.Glm5SparseMLABackend"
@@ -70,6 +71,11 @@ def auto():
                                  "9.0/float16/auto"])
 def test_no_native_backend_means_the_shim(auto, key):
     assert auto[key] == SHIM, auto[key]
+
+
+def test_plain_fp8_kv_names_the_supported_layout(auto):
+    message = auto["12.0/bfloat16/fp8"]
+    assert message.startswith("ERROR ValueError") and "--kv-cache-dtype fp8_ds_mla" in message
 
 
 def test_hopper_bf16_stays_native_and_dense_is_untouched(auto):

@@ -51,7 +51,11 @@ def _shim_backend(capability, attn_selector_config) -> str:
     reasons = Glm5SparseMLABackend.validate_configuration(device_capability=capability,
                                                           **attn_selector_config._asdict())
     if reasons:
-        raise ValueError(f"glm5-shim's sparse MLA backend is not valid for {attn_selector_config}: {reasons}")
+        hint = ""
+        if "kv_cache_dtype not supported" in reasons and str(attn_selector_config.kv_cache_dtype).startswith("fp8"):
+            hint = " (for an fp8 KV cache pass --kv-cache-dtype fp8_ds_mla: 656 B a token, ~1.75x the tokens of bf16)"
+        raise ValueError(f"glm5-shim's sparse MLA backend is not valid here: {', '.join(reasons)}{hint}; "
+                         f"selector config {attn_selector_config}")
     return BACKEND_PATH
 
 
