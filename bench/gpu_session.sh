@@ -11,6 +11,15 @@ if [[ ! -f /tmp/vllm_site/env.sh ]]; then
 fi
 source /tmp/vllm_site/env.sh
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
+# The bundle lacks packages vLLM's quantization registry imports for every quantized model, GGUF included.  Fetch
+# them here once (x86-64, cp312):
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 -d .whl compressed-tensors==0.17.0 humming-kernels==0.1.4 loguru pyelftools
+# and carry [".gpu/bundle", ".whl"].
+if ls .whl/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
 nvidia-smi -L | tee -a "$OUT/session.log"
 python -m glm5_shim doctor >> "$OUT/session.log" 2>&1
 if [[ " $steps " == *" tests "* ]]; then
