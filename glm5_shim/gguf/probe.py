@@ -1,4 +1,5 @@
-"""Cheap GGUF probing: the architecture from the first few metadata entries, without parsing the whole header.
+"""GGUF header walking without gguf.GGUFReader: the architecture of a file cheaply, and the bounds-checked cursor the
+reader uses to explain files GGUFReader cannot parse.
 
 vLLM asks "what is this file?" many times per process (config, tokenizer, generation config ...); a real GLM-5
 GGUF header holds a 154,880-token vocabulary that takes seconds to parse, while `general.architecture` is the first
@@ -9,17 +10,78 @@ from __future__ import annotations
 import os
 import struct
 from pathlib import Path
+from typing import Any, BinaryIO
 
-_MAGIC = b"GGUF"
+GGUF_MAGIC = b"GGUF"
 # GGUF value types: 0 u8, 1 i8, 2 u16, 3 i16, 4 u32, 5 i32, 6 f32, 7 bool, 8 string, 9 array, 10 u64, 11 i64, 12 f64
-_SCALAR_SIZE = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+STRING, ARRAY, UINT32 = 8, 9, 4
 _MAX_KEYS_SCANNED = 64
+
+
+class ShortRead(Exception):
+    """The header runs past the end of the file (or holds a type the walker does not know)."""
+
+
+class HeaderCursor:
+    """Reads a GGUF header field by field from an open file, checking every length against the file size first,
+    so a cut-off or corrupt header is described precisely and never makes us read a huge bogus length."""
+
+    def __init__(self, handle: BinaryIO):
+        self.handle = handle
+        self.size = os.fstat(handle.fileno()).st_size
+        self.offset = handle.tell()
+
+    def take(self, n: int, what: str) -> bytes:
+        end = self.offset + n
+        if end > self.size:
+            raise ShortRead(f"header field {what} needs bytes {self.offset}..{end}")
+        chunk = self.handle.read(n)
+        self.offset = end
+        return chunk
+
+    def skip(self, n: int, what: str) -> None:
+        end = self.offset + n
+        if end > self.size:
+            raise ShortRead(f"header field {what} needs bytes {self.offset}..{end}")
+        self.handle.seek(n, os.SEEK_CUR)
+        self.offset = end
+
+    def u32(self, what: str) -> int:
+        return struct.unpack("<I", self.take(4, what))[0]
+
+    def u64(self, what: str) -> int:
+        return struct.unpack("<Q", self.take(8, what))[0]
+
+    def string(self, what: str) -> str:
+        length = self.u64(what)
+        return self.take(length, what).decode("utf-8", errors="replace")
+
+    def skip_value(self, value_type: int, what: str) -> Any:
+        """Step over one metadata value; returns it for strings and uint32 (what callers look at), else None."""
+        if value_type == STRING:
+            return self.string(what)
+        if value_type == ARRAY:
+            item_type = self.u32(what)
+            n = self.u64(what)
+            if item_type == STRING:
+                for _ in range(n):
+                    self.skip(self.u64(what), what)
+            elif item_type in SCALAR_SIZES:
+                self.skip(SCALAR_SIZES[item_type] * n, what)
+            else:
+                raise ShortRead(f"header field {what} has unknown array item type {item_type}")
+            return None
+        if value_type not in SCALAR_SIZES:
+            raise ShortRead(f"header field {what} has unknown value type {value_type}")
+        raw = self.take(SCALAR_SIZES[value_type], what)
+        return int.from_bytes(raw, "little") if value_type == UINT32 else None
 
 
 def is_gguf_file(path: str | os.PathLike) -> bool:
     try:
         with open(path, "rb") as f:
-            return f.read(4) == _MAGIC
+            return f.read(4) == GGUF_MAGIC
     except OSError:
         return False
 
@@ -31,49 +93,17 @@ def gguf_architecture(path: str | os.PathLike) -> str | None:
         if not Path(path).is_file():
             return None
         with open(path, "rb") as f:
-            return _scan(f)
-    except (OSError, struct.error, UnicodeDecodeError, ValueError):
+            cursor = HeaderCursor(f)
+            if cursor.take(4, "magic") != GGUF_MAGIC or cursor.u32("version") < 2:
+                return None
+            cursor.u64("tensor_count")
+            kv_count = cursor.u64("kv_count")
+            for i in range(min(kv_count, _MAX_KEYS_SCANNED)):
+                key = cursor.string(f"key #{i}")
+                value_type = cursor.u32(key)
+                if key == "general.architecture" and value_type == STRING:
+                    return cursor.string(key)
+                cursor.skip_value(value_type, key)
+    except (OSError, ShortRead, struct.error):
         return None
-
-
-def _scan(f) -> str | None:
-    if f.read(4) != _MAGIC:
-        return None
-    (version,) = struct.unpack("<I", f.read(4))
-    if version < 2:
-        return None
-    _tensor_count, kv_count = struct.unpack("<QQ", f.read(16))
-    for _ in range(min(kv_count, _MAX_KEYS_SCANNED)):
-        key = _read_string(f)
-        (vtype,) = struct.unpack("<I", f.read(4))
-        if key == "general.architecture" and vtype == 8:
-            return _read_string(f)
-        _skip_value(f, vtype)
     return None
-
-
-def _read_string(f) -> str:
-    (n,) = struct.unpack("<Q", f.read(8))
-    if n > 1 << 20:
-        raise ValueError("implausible string length")
-    return f.read(n).decode("utf-8")
-
-
-def _skip_value(f, vtype: int) -> None:
-    if vtype in _SCALAR_SIZE:
-        f.seek(_SCALAR_SIZE[vtype], os.SEEK_CUR)
-    elif vtype == 8:
-        (n,) = struct.unpack("<Q", f.read(8))
-        f.seek(n, os.SEEK_CUR)
-    elif vtype == 9:
-        item_type, count = struct.unpack("<IQ", f.read(12))
-        if item_type in _SCALAR_SIZE:
-            f.seek(_SCALAR_SIZE[item_type] * count, os.SEEK_CUR)
-        elif item_type == 8:
-            for _ in range(count):
-                (n,) = struct.unpack("<Q", f.read(8))
-                f.seek(n, os.SEEK_CUR)
-        else:
-            raise ValueError(f"unsupported nested array type {item_type}")
-    else:
-        raise ValueError(f"unknown GGUF value type {vtype}")

@@ -6,7 +6,6 @@ Only headers are parsed here; tensor data stays memory-mapped and is never touch
 from __future__ import annotations
 
 import re
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -15,9 +14,9 @@ import gguf
 import numpy as np
 
 from .errors import GGUFError
+from .probe import GGUF_MAGIC, HeaderCursor, ShortRead
 
 GLM_DSA_ARCH = "glm-dsa"
-GGUF_MAGIC = b"GGUF"
 SHARD_NAME_RE = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 SPLIT_NO = gguf.Keys.Split.LLM_KV_SPLIT_NO
 SPLIT_COUNT = gguf.Keys.Split.LLM_KV_SPLIT_COUNT
@@ -233,95 +232,41 @@ def _short(value: Any) -> str:
 
 # --- diagnosis of files that gguf.GGUFReader cannot parse -------------------------------------------------
 
-_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-_STRING, _ARRAY = 8, 9
-
-
-class _ShortRead(Exception):
-    pass
-
-
-class _HeaderCursor:
-    """Walks a GGUF header with explicit bounds checks so a short file can be described precisely."""
-
-    def __init__(self, data: bytes):
-        self.data = data
-        self.offset = 0
-
-    def take(self, n: int, what: str) -> bytes:
-        end = self.offset + n
-        if end > len(self.data):
-            raise _ShortRead(f"header field {what} needs bytes {self.offset}..{end}")
-        chunk = self.data[self.offset:end]
-        self.offset = end
-        return chunk
-
-    def u32(self, what: str) -> int:
-        return struct.unpack("<I", self.take(4, what))[0]
-
-    def u64(self, what: str) -> int:
-        return struct.unpack("<Q", self.take(8, what))[0]
-
-    def string(self, what: str) -> str:
-        length = self.u64(what)
-        return self.take(length, what).decode("utf-8", errors="replace")
-
-    def skip_value(self, value_type: int, what: str) -> Any:
-        if value_type == _STRING:
-            return self.string(what)
-        if value_type == _ARRAY:
-            item_type = self.u32(what)
-            n = self.u64(what)
-            if item_type == _STRING:
-                for _ in range(n):
-                    self.string(what)
-            elif item_type in _SCALAR_SIZES:
-                self.take(_SCALAR_SIZES[item_type] * n, what)
-            else:
-                raise _ShortRead(f"header field {what} has unknown array item type {item_type}")
-            return None
-        if value_type not in _SCALAR_SIZES:
-            raise _ShortRead(f"header field {what} has unknown value type {value_type}")
-        raw = self.take(_SCALAR_SIZES[value_type], what)
-        return int.from_bytes(raw, "little") if value_type == 4 else None
-
 
 def _diagnose_unreadable(path: Path, exc: Exception) -> str:
     """Explain why gguf.GGUFReader failed: a header or tensor cut off by truncation, or corrupt data."""
     size = path.stat().st_size
-    # Headers of real models are a few MB (token lists); read enough to cover them without mapping the data.
     with open(path, "rb") as handle:
-        data = handle.read(min(size, 256 * 1024 * 1024))
-    cursor = _HeaderCursor(data)
-    try:
-        cursor.take(4, "magic")
-        version = cursor.u32("version")
-        if version not in (2, 3):
-            return f"{path}: unsupported GGUF version {version}, expected 2 or 3"
-        n_tensors = cursor.u64("tensor_count")
-        n_kv = cursor.u64("kv_count")
-        alignment = gguf.GGUF_DEFAULT_ALIGNMENT
-        for i in range(n_kv):
-            key = cursor.string(f"key #{i}")
-            value_type = cursor.u32(key)
-            value = cursor.skip_value(value_type, key)
-            if key == "general.alignment" and value:
-                alignment = value
-        infos = []
-        for i in range(n_tensors):
-            name = cursor.string(f"tensor info #{i}")
-            n_dims = cursor.u32(name)
-            dims = [cursor.u64(name) for _ in range(n_dims)]
-            type_id = cursor.u32(name)
-            offset = cursor.u64(name)
-            try:
-                ggml_type = gguf.GGMLQuantizationType(type_id)
-            except ValueError:
-                return f"{path}: tensor {name}: unknown GGML type id {type_id}"
-            block, type_size = gguf.GGML_QUANT_SIZES[ggml_type]
-            infos.append((name, offset, int(np.prod(dims, dtype=np.int64)) // block * type_size))
-    except _ShortRead as short:
-        return f"{path}: truncated file: {short} but the file has {size} bytes"
+        cursor = HeaderCursor(handle)
+        try:
+            cursor.take(4, "magic")
+            version = cursor.u32("version")
+            if version not in (2, 3):
+                return f"{path}: unsupported GGUF version {version}, expected 2 or 3"
+            n_tensors = cursor.u64("tensor_count")
+            n_kv = cursor.u64("kv_count")
+            alignment = gguf.GGUF_DEFAULT_ALIGNMENT
+            for i in range(n_kv):
+                key = cursor.string(f"key #{i}")
+                value_type = cursor.u32(key)
+                value = cursor.skip_value(value_type, key)
+                if key == "general.alignment" and value:
+                    alignment = value
+            infos = []
+            for i in range(n_tensors):
+                name = cursor.string(f"tensor info #{i}")
+                n_dims = cursor.u32(name)
+                dims = [cursor.u64(name) for _ in range(n_dims)]
+                type_id = cursor.u32(name)
+                offset = cursor.u64(name)
+                try:
+                    ggml_type = gguf.GGMLQuantizationType(type_id)
+                except ValueError:
+                    return f"{path}: tensor {name}: unknown GGML type id {type_id}"
+                block, type_size = gguf.GGML_QUANT_SIZES[ggml_type]
+                infos.append((name, offset, int(np.prod(dims, dtype=np.int64)) // block * type_size))
+        except ShortRead as short:
+            return f"{path}: truncated file: {short} but the file has {size} bytes"
     data_start = -(-cursor.offset // alignment) * alignment
     for name, offset, n_bytes in infos:
         end = data_start + offset + n_bytes
