@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import platform
-import sys
 from importlib import metadata
 
 from glm5_shim import __version__, settings

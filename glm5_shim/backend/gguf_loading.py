@@ -13,19 +13,16 @@ _plans: dict[tuple, object] = {}
 
 
 def load_plan_for(path: str | os.PathLike):
-    from pathlib import Path
-
+    from glm5_shim.backend.hf_config import file_version
     from glm5_shim.gguf.config import build_hf_config
     from glm5_shim.gguf.load_plan import plan_load
     from glm5_shim.gguf.reader import open_gguf
 
-    p = Path(path).resolve()
-    st = p.stat()
-    key = (str(p), st.st_size, st.st_mtime_ns)
+    key = file_version(path)
     with _lock:
         if key in _plans:
             return _plans[key]
-    model = open_gguf(p)
+    model = open_gguf(key[0])
     plan = plan_load(model, build_hf_config(model))
     for note in plan.notes:
         logger.info("glm5-shim: %s", note)

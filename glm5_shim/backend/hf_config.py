@@ -70,7 +70,8 @@ def refuse_unreadable_gguf(model) -> None:
         open_gguf(path, expected_architecture=None)  # raises GGUFError naming the file and the problem
 
 
-def _key(path: str | os.PathLike) -> tuple:
+def file_version(path: str | os.PathLike) -> tuple[str, int, int]:
+    """(resolved path, size, mtime): what the per-process caches and the tokenizer cache are keyed by."""
     p = Path(path).resolve()
     st = p.stat()
     return (str(p), st.st_size, st.st_mtime_ns)
@@ -79,7 +80,7 @@ def _key(path: str | os.PathLike) -> tuple:
 def config_dict_from_gguf(path: str | os.PathLike) -> dict:
     """Validated HF config fields of a glm-dsa GGUF (cached per file version).  A bad file raises GGUFError,
     one line naming the file and the tensor or key, before anything touches a GPU."""
-    key = _key(path)
+    key = file_version(path)
     with _lock:
         if key in _cache:
             return dict(_cache[key])

@@ -19,9 +19,11 @@ def cache_root() -> Path:
 
 
 def tokenizer_dir_for(gguf_path: str | os.PathLike) -> Path:
-    path = Path(gguf_path).resolve()
-    st = path.stat()
-    digest = hashlib.sha256(f"{path}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    from glm5_shim.backend.hf_config import file_version
+
+    version = file_version(gguf_path)
+    path = Path(version[0])
+    digest = hashlib.sha256("\0".join(map(str, version)).encode()).hexdigest()[:16]
     target = cache_root() / "tokenizers" / f"{path.stem}-{digest}"
     if (target / "tokenizer_config.json").is_file():
         return target

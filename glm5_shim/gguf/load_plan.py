@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .dequant import VLLM_DEQUANT_TYPES, can_dequantize, is_float_type, type_name
+from .dequant import VLLM_DEQUANT_TYPES, can_dequantize, is_float_type
 from .errors import GGUFError
 from .reader import GGUFModel, TensorInfo
 from .tensor_map import ROLE_EXPERTS, ROLE_FORCE_FLOAT, ROLE_MTP, ROLE_REBUILD_KV_B, TensorMap, TensorSpec, \

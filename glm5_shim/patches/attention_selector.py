@@ -46,7 +46,8 @@ def _check_selector(cuda) -> None:
 
 
 def _shim_backend(capability, attn_selector_config) -> str:
-    from glm5_shim.backend.sparse_mla import BACKEND_PATH, Glm5SparseMLABackend
+    from glm5_shim.backend.selection import SHIM_BACKEND_PATH as BACKEND_PATH
+    from glm5_shim.backend.sparse_mla import Glm5SparseMLABackend
 
     reasons = Glm5SparseMLABackend.validate_configuration(device_capability=capability,
                                                           **attn_selector_config._asdict())

@@ -50,9 +50,7 @@ def _make_replacement(original):
 def _apply(arg_utils, patch: Patch) -> None:
     import vllm.transformers_utils.config as tc
 
-    original = getattr(arg_utils, _NAME)
-    original = getattr(original, "__wrapped__", original) if getattr(original, "__glm5_shim_patch__", None) else original
-    replacement = _make_replacement(original)
+    replacement = _make_replacement(getattr(arg_utils, _NAME))  # replace() keeps an existing wrapper
     patch.replace(arg_utils, _NAME, replacement)
     patch.replace(tc, _NAME, replacement)
 
