@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: install the offline vLLM bundle, then GPU tests, kernel benchmarks and an end-to-end smoke.
 #   run with carry [".gpu/bundle"]:  bash bench/gpu_session.sh [tests] [bench] [e2e]
-# Results land in $OUT (at most 8 files come back): gpu_tests.log, sparse_mla.md, indexer.md, e2e.md, session.log
+# Results land in $OUT (at most 8 files come back): gpu_tests.log, sparse_mla.md, indexer.md, session.log,
+#   e2e.md, results.json, e2e_logs.tar.gz
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 steps=${*:-tests bench e2e}
@@ -36,18 +37,17 @@ if [[ " $steps " == *" bench "* ]]; then
   fi
 fi
 if [[ " $steps " == *" e2e "* ]]; then
-  log e2e; mkdir -p /tmp/m
-  python -m glm5_shim make-tiny /tmp/m/tiny.gguf --quant Q8_0 --layers 3 --heads 16 --index-heads 32 \
-    --index-topk 128 >> "$OUT/session.log" 2>&1
-  for kv in auto fp8_ds_mla; do
-    env GLM5_SHIM_ATTENTION=triton ${E2E_INDEXER:-GLM5_SHIM_INDEXER=triton} timeout 600 python bench/e2e_smoke.py run \
-      /tmp/shim_$kv.json /tmp/m/tiny.gguf --kv-cache-dtype $kv >> "$OUT/session.log" 2>&1
-    timeout 600 python bench/e2e_smoke.py run /tmp/native_$kv.json /tmp/m/tiny.gguf --kv-cache-dtype $kv \
-      >> "$OUT/session.log" 2>&1
-    { echo "### kv $kv: shim-forced (Triton attention; ${E2E_INDEXER:-GLM5_SHIM_INDEXER=triton}) vs native (FLASHMLA_SPARSE + DeepGEMM)";
-      echo; echo "shim: $(python -c "import json; d=json.load(open('/tmp/shim_$kv.json')); d.pop('rows'); print(d)" 2>&1)";
-      echo; echo "native: $(python -c "import json; d=json.load(open('/tmp/native_$kv.json')); d.pop('rows'); print(d)" 2>&1)"; echo;
-      python bench/e2e_smoke.py compare /tmp/shim_$kv.json /tmp/native_$kv.json; } >> "$OUT/e2e.md" 2>&1
-  done
+  # bench/e2e.py: tiny GLM-5 GGUFs served through launch.sh, shim-forced vs native, then the GPU test on its results.
+  # Models and server logs stay in /tmp (too big / too many for $OUT); logs come back as one archive.
+  log "e2e ${E2E_ARGS:-}"
+  rm -rf /tmp/e2e_run
+  timeout ${E2E_TIMEOUT:-540} python bench/e2e.py all --out /tmp/e2e_run ${E2E_ARGS:-} 2>&1 | grep -E "^\[e2e\]|Error|error" \
+    | cut -c1-400 >> "$OUT/session.log"
+  pkill -INT -f "vllm serve" 2>/dev/null; sleep 3; pkill -KILL -f "vllm serve" 2>/dev/null
+  cp /tmp/e2e_run/results.json /tmp/e2e_run/e2e.md "$OUT/" 2>/dev/null
+  (cd /tmp/e2e_run && tar czf "$OUT/e2e_logs.tar.gz" *.log 2>/dev/null)
+  log "e2e test"
+  E2E_RESULTS=/tmp/e2e_run timeout 120 python -m pytest -q tests/gpu/test_e2e_serve.py -p no:cacheprovider 2>&1 \
+    | tail -40 >> "$OUT/gpu_tests.log"
 fi
 log done

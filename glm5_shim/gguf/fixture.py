@@ -25,7 +25,7 @@ import numpy as np
 
 from ._tiny_corpus import TINY_CORPUS
 from .kquants import quantize_q4_k, quantize_q6_k
-from .kv_b import split_kv_b
+from .kv_b import rebuild_kv_b, split_kv_b
 
 ARCH = "glm-dsa"
 QUANT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q6_K")
@@ -210,8 +210,27 @@ def hf_weight_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def random_hf_weights(config: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
-    """Deterministic float32 weights: norms near 1, biases and matrices small and zero-mean."""
+# End-to-end tests: see random_hf_weights for what these values were measured to give.
+PEAKED = {"residual_scale": 0.05, "bigram_gain": 1.0}
+
+# Projections that write into the residual stream (scaled by `residual_scale`).
+_RESIDUAL_WRITERS = ("self_attn.o_proj.weight", "down_proj.weight")
+
+
+def random_hf_weights(config: dict[str, Any], seed: int, *, residual_scale: float = 1.0,
+                      bigram_gain: float = 0.0, bigram_tokens: list[int] | None = None) -> dict[str, np.ndarray]:
+    """Deterministic float32 weights: norms near 1, biases and matrices small and zero-mean.
+
+    residual_scale multiplies every projection that writes into the residual stream (o_proj, dense/shared/
+    expert down_proj). At 1.0 a random model is chaotic: the residual stream grows layer after layer, and a
+    bf16 rounding that flips one MoE route or one indexer pick changes the next token (top-1 agreement of
+    bf16 vs float32 is ~78%), so two correct implementations cannot be compared token by token.
+    bigram_gain adds gain * embed[t] to lm_head row perm(t) (a fixed permutation of the ordinary tokens),
+    (bigram_tokens: the ids it permutes, by default all), so the next-token choice has a margin the layers modulate rather than decide. Measured with the float32
+    reference (16 heads, 3 layers, ~900-token prompt): residual_scale 0.05 and bigram_gain 1.0 give a top-1
+    margin of >= 0.5 nats at 99% of positions, bf16-vs-float32 top-1 agreement 99.9%, and attention still
+    matters: dense instead of top-128 sparse attention moves the top-1 log-probability by 0.135 nats (median).
+    """
     rng = np.random.default_rng(seed)
     weights = {}
     for name, shape in hf_weight_shapes(config).items():
@@ -221,7 +240,16 @@ def random_hf_weights(config: dict[str, Any], seed: int) -> dict[str, np.ndarray
             values = 0.1 * rng.standard_normal(shape)
         else:
             values = rng.standard_normal(shape) / math.sqrt(shape[-1])
+            if name.endswith(_RESIDUAL_WRITERS):
+                values = values * residual_scale
         weights[name] = values.astype(np.float32)
+    if bigram_gain:
+        if config["tie_word_embeddings"]:
+            raise ValueError("bigram_gain needs an untied lm_head")
+        embed = weights["model.embed_tokens.weight"]
+        ordinary = np.asarray(bigram_tokens if bigram_tokens is not None else range(embed.shape[0]))
+        perm = np.random.default_rng(seed + 1).permutation(ordinary)
+        weights["lm_head.weight"][perm] += (bigram_gain * embed[ordinary]).astype(np.float32)
     return weights
 
 
@@ -403,7 +431,8 @@ def make_tiny(out_path: str | Path, quant: str = "Q8_0", layers: int = 3, shards
               tensor_hook: Callable[[str, np.ndarray], np.ndarray | None] | None = None,
               extra_tensors: dict[str, np.ndarray] | None = None,
               tie_embeddings: bool = False, tokenizer_pre: str = "glm4",
-              write_reference: bool = True) -> list[Path]:
+              write_reference: bool = True, residual_scale: float = 1.0, bigram_gain: float = 0.0,
+              reference: str = "float") -> list[Path]:
     """Write a tiny random glm-dsa GGUF (or `shards` files) and its reference directory; return the GGUF paths.
 
     quant: the type of every quantizable tensor (one of QUANT_TYPES); 1-D tensors, norms, router and biases
@@ -414,7 +443,13 @@ def make_tiny(out_path: str | Path, quant: str = "Q8_0", layers: int = 3, shards
     tensor_hook: called as hook(gguf_name, float32 array) before encoding; return a replacement array,
       or None to leave the tensor out. The reference weights are not affected.
     extra_tensors: GGUF name → float32 array, written after the model's own tensors (for tests).
+    residual_scale, bigram_gain: see random_hf_weights (PEAKED holds the values end-to-end tests use).
+    reference: "float" writes the float weights the GGUF was made from; "dequantized" writes what the GGUF
+      stores, decoded back to float32 under HF names, so a float32 reference model differs from an engine
+      running the GGUF only by arithmetic, not by quantization error.
     """
+    if reference not in ("float", "dequantized"):
+        raise ValueError(f"reference {reference!r}: expected 'float' or 'dequantized'")
     if quant not in QUANT_TYPES:
         raise ValueError(f"quant {quant!r}: expected one of {', '.join(QUANT_TYPES)}")
     if layers < 2:
@@ -429,7 +464,11 @@ def make_tiny(out_path: str | Path, quant: str = "Q8_0", layers: int = 3, shards
     tokenizer = tiny_tokenizer(tokenizer_pre)
     config = tiny_hf_config(layers=layers, heads=heads, index_heads=index_heads, index_topk=index_topk, mtp=mtp,
                             tokenizer=tokenizer, tie_embeddings=tie_embeddings)
-    weights = random_hf_weights(config, seed)
+    from .tokenizer import TOKEN_NORMAL
+
+    ordinary = [i for i, kind in enumerate(tokenizer.token_types) if kind == TOKEN_NORMAL]
+    weights = random_hf_weights(config, seed, residual_scale=residual_scale, bigram_gain=bigram_gain,
+                                bigram_tokens=ordinary)
     tensors = hf_to_gguf_tensors(weights, config)
     tensors.update(extra_tensors or {})
 
@@ -469,8 +508,42 @@ def make_tiny(out_path: str | Path, quant: str = "Q8_0", layers: int = 3, shards
     writer.close()
 
     if write_reference:
+        if reference == "dequantized":
+            weights = gguf_to_hf_weights({name: decode_tensor(data, raw) for name, data, raw in encoded}, config)
         _write_reference(reference_dir(out_path), weights, config, tokenizer)
     return [Path(p) for p in paths]
+
+
+def decode_tensor(data: np.ndarray, raw_dtype: gguf.GGMLQuantizationType | None) -> np.ndarray:
+    """The float32 values an encoded tensor stands for (the inverse of encode_tensor, up to its rounding)."""
+    if raw_dtype is None:
+        return np.asarray(data, dtype=np.float32)
+    return np.asarray(gguf.quants.dequantize(data, raw_dtype), dtype=np.float32)
+
+
+def gguf_to_hf_weights(tensors: dict[str, np.ndarray], config: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The inverse of hf_to_gguf_tensors: GGUF names (float32) → HF names, kv_b_proj rebuilt, experts unstacked."""
+    to_hf_global = {g: h for h, g in _HF_TO_GGUF_GLOBAL.items()}
+    to_hf_block = {g: h for h, g in _HF_TO_GGUF_BLOCK.items()}
+    out: dict[str, np.ndarray] = {}
+    for name, array in tensors.items():
+        if name in to_hf_global:
+            out[to_hf_global[name]] = array
+            continue
+        _, layer, suffix = name.split(".", 2)
+        p = f"model.layers.{layer}."
+        if suffix in to_hf_block:
+            out[p + to_hf_block[suffix]] = array
+        elif suffix.startswith("ffn_") and suffix.endswith("_exps.weight"):
+            proj = suffix[len("ffn_"):-len("_exps.weight")]
+            for e in range(array.shape[0]):
+                out[p + f"mlp.experts.{e}.{proj}_proj.weight"] = np.ascontiguousarray(array[e])
+        elif suffix == "attn_k_b.weight":
+            out[p + "self_attn.kv_b_proj.weight"] = rebuild_kv_b(
+                array, tensors[f"blk.{layer}.attn_v_b.weight"], config, layer=layer)
+        elif suffix != "attn_v_b.weight":
+            raise ValueError(f"gguf_to_hf_weights: no HF name for GGUF tensor {name}")
+    return out
 
 
 def _write_reference(directory: Path, weights: dict[str, np.ndarray], config: dict[str, Any],
@@ -495,12 +568,18 @@ def add_make_tiny_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
     parser.add_argument("--index-topk", type=int, default=128, help="DSA indexer top-k")
     parser.add_argument("--no-mtp", action="store_true", help="leave out the MTP (nextn) layer")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the weights")
+    parser.add_argument("--peaked", action="store_true",
+                        help=f"a model whose next-token choice two correct engines agree on (residual scale "
+                             f"{PEAKED['residual_scale']}, bigram gain {PEAKED['bigram_gain']}); for end-to-end tests")
+    parser.add_argument("--reference", choices=("float", "dequantized"), default="float",
+                        help="reference weights: the float ones the GGUF was made from, or what the GGUF stores")
     return parser
 
 
 def run_make_tiny(args: argparse.Namespace) -> int:
     paths = make_tiny(args.out, quant=args.quant, layers=args.layers, shards=args.shards, mtp=not args.no_mtp,
-                      heads=args.heads, index_heads=args.index_heads, index_topk=args.index_topk, seed=args.seed)
+                      heads=args.heads, index_heads=args.index_heads, index_topk=args.index_topk, seed=args.seed,
+                      reference=args.reference, **(PEAKED if args.peaked else {}))
     for path in paths:
         print(path)
     print(reference_dir(args.out))

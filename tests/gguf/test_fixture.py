@@ -198,3 +198,56 @@ def test_cli_make_tiny(tmp_path, capsys):
     assert model.metadata["glm-dsa.attention.indexer.top_k"] == 32
     assert model.tensors["blk.1.attn_q_b.weight"].type_name == "Q4_0"
     assert fixture.main(["make-tiny", str(tmp_path / "bad.gguf"), "--layers", "1"]) == 2
+
+
+def _safetensors(path):
+    from safetensors.numpy import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+@pytest.mark.parametrize("quant, bound", [("F32", 0.0), ("Q8_0", 0.01)])
+def test_dequantized_reference_is_what_the_gguf_stores(tmp_path, quant, bound):
+    """reference='dequantized' holds the GGUF's values under HF names: equal to the float weights for F32 (the
+    inverse mapping, kv_b rebuild and expert unstacking are exact), within the type's rounding for Q8_0, and equal
+    to the file's own decoded tensors."""
+    kw = dict(quant=quant, layers=2, heads=4, index_heads=4, mtp=False)
+    fixture.make_tiny(tmp_path / "f.gguf", **kw)
+    fixture.make_tiny(tmp_path / "d.gguf", reference="dequantized", **kw)
+    floats, stored = _safetensors(tmp_path / "f.reference"), _safetensors(tmp_path / "d.reference")
+    assert stored.keys() == floats.keys()
+    for name, w in floats.items():
+        err = np.abs(stored[name] - w).max() / max(np.abs(w).max(), 1e-12)
+        assert err <= bound, (name, err)
+    if quant == "Q8_0":
+        assert any(not np.array_equal(stored[n], floats[n]) for n in floats), "Q8_0 rounding must show"
+        reader = open_gguf(tmp_path / "d.gguf")
+        t = reader.tensors["blk.1.ffn_down_exps.weight"]
+        decoded = gguf.quants.dequantize(t.data, t.ggml_type)
+        np.testing.assert_array_equal(stored["model.layers.1.mlp.experts.3.down_proj.weight"], decoded[3])
+
+
+def test_peaked_weights_scale_the_residual_writers_and_add_a_bigram_head():
+    config = fixture.tiny_hf_config(layers=2, heads=4, index_heads=4, index_topk=128, mtp=False,
+                                    tokenizer=fixture.tiny_tokenizer())
+    plain = fixture.random_hf_weights(config, 0)
+    ordinary = list(range(100, 200))
+    peaked = fixture.random_hf_weights(config, 0, residual_scale=0.05, bigram_gain=1.0, bigram_tokens=ordinary)
+    for name in ("model.layers.0.self_attn.o_proj.weight", "model.layers.0.mlp.down_proj.weight",
+                 "model.layers.1.mlp.experts.2.down_proj.weight", "model.layers.1.mlp.shared_experts.down_proj.weight"):
+        np.testing.assert_allclose(peaked[name], 0.05 * plain[name], rtol=1e-6)
+    np.testing.assert_array_equal(peaked["model.layers.0.self_attn.q_b_proj.weight"],
+                                  plain["model.layers.0.self_attn.q_b_proj.weight"])
+    delta = peaked["lm_head.weight"] - plain["lm_head.weight"]
+    changed = np.flatnonzero(np.abs(delta).sum(1) > 0)
+    assert sorted(changed) == ordinary  # only ordinary tokens are targets of the bigram
+    embed = plain["model.embed_tokens.weight"]
+    # each changed lm_head row is the embedding of exactly one ordinary token, a permutation
+    sources = [int(np.argmin(np.abs(embed[ordinary] - delta[r]).sum(1))) for r in changed]
+    assert sorted(sources) == list(range(len(ordinary)))
+    np.testing.assert_allclose(delta[changed[0]], embed[ordinary[sources[0]]], rtol=1e-5, atol=1e-7)
+
+
+def test_make_tiny_refuses_an_unknown_reference_kind(tmp_path):
+    with pytest.raises(ValueError, match="reference 'nope'"):
+        fixture.make_tiny(tmp_path / "x.gguf", reference="nope")

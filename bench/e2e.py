@@ -1,0 +1,652 @@
+"""End to end on a GPU: serve tiny GLM-5 GGUFs through `launch.sh`, talk to them over the OpenAI API, compare.
+
+    python bench/e2e.py all --out DIR [--tp N] [--arms a,b,...] [--load-seconds 120] [--quick]
+        one command for the whole check (one device call): writes the tiny models, starts one `vllm serve` per
+        arm through launch.sh (all at once, each with its own small KV pool), then
+          - functional: completions and chat completions, streaming and not, prompts below and far above
+            index_topk; greedy token ids and log-probabilities of every arm;
+          - bad requests at the server (too long, empty prompt, malformed chat message) and a good one after;
+          - throughput: concurrency 1 and 32, output tokens/s, time to first token, time per output token;
+          - load: 32 concurrent streaming clients for --load-seconds, then the same greedy request as before;
+        stops the servers, then scores every arm's tokens against a float32 transformers reference of the
+        model (teacher-forced on that arm's own tokens). DIR/results.json holds everything; DIR/e2e.md the tables.
+    python bench/e2e.py report DIR      rewrite DIR/e2e.md from DIR/results.json
+
+An arm is a model (Q8_0 or Q4_K tiny GGUF) × attention path × KV-cache dtype:
+    shim   GLM5_SHIM_ATTENTION=triton GLM5_SHIM_INDEXER=triton  (the code paths SM120 takes)
+    native vLLM's own choice on this GPU (FLASHMLA_SPARSE + DeepGEMM on an H200); the shim only loads the GGUF
+The tiny models are `make-tiny --peaked` (see glm5_shim/gguf/fixture.py: random weights whose next-token
+choice is not chaotic, so that two correct engines can be compared token by token).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # run as a script from a checkout: the package is the one next to it
+LAUNCH = Path(os.environ.get("GLM5_E2E_LAUNCH", REPO / "launch.sh"))  # tests swap in a stand-in server
+SHIM_ENV = {"GLM5_SHIM_ATTENTION": "triton", "GLM5_SHIM_INDEXER": "triton"}
+MODEL_ARGS = dict(layers=3, heads=16, index_heads=32, index_topk=128)  # heads 16: 8 a rank at TP 2
+MAX_MODEL_LEN = 4096
+GEN_TOKENS = 48
+
+
+@dataclass
+class Arm:
+    name: str
+    quant: str
+    kv: str  # auto | fp8_ds_mla
+    path: str  # shim | native
+    port: int = 0
+    proc: subprocess.Popen | None = None
+    log: Path | None = None
+    model: str = ""
+    startup_s: float = 0.0
+    results: dict = field(default_factory=dict)
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GLM5_SHIM_")}
+        if self.path == "shim":
+            env.update(SHIM_ENV)
+        return env
+
+
+def all_arms() -> list[Arm]:
+    arms = []
+    for quant, kv in (("Q8_0", "auto"), ("Q8_0", "fp8_ds_mla"), ("Q4_K", "auto")):
+        for path in ("shim", "native"):
+            tag = f"{quant.lower().replace('_', '')}-{'bf16' if kv == 'auto' else 'fp8'}"
+            arms.append(Arm(f"{path}-{tag}", quant, kv, path))
+    return arms
+
+
+# --- prompts -------------------------------------------------------------------------------------------
+
+def words(n: int, seed: int) -> str:
+    from glm5_shim.gguf._tiny_corpus import TINY_CORPUS
+
+    vocab = sorted({w for w in TINY_CORPUS.split() if w.isalpha()})
+    rng = random.Random(seed)
+    return " ".join(rng.choice(vocab) for _ in range(n))
+
+
+def prompts() -> dict[str, str]:
+    """Below index_topk (128) and far above it, so that attention is dense for some and truly sparse for most."""
+    return {"short": "Hello, my name is", "below_topk": words(40, 1), "sparse_600": words(450, 2),
+            "sparse_1500": words(1100, 3), "sparse_3000": words(2200, 4)}
+
+
+CHAT = [{"role": "system", "content": "You are a terse assistant."},
+        {"role": "user", "content": words(250, 5)}]
+
+
+# --- servers -------------------------------------------------------------------------------------------
+
+def start(arm: Arm, models: dict[str, str], out: Path, tp: int) -> None:
+    arm.model = models[arm.quant]
+    arm.log = out / f"server_{arm.name}.log"
+    cmd = ["bash", str(LAUNCH), arm.model, "--port", str(arm.port), "--max-model-len", str(MAX_MODEL_LEN),
+           "--kv-cache-dtype", arm.kv, "--seed", "0", "--max-num-seqs", "64",
+           # several servers share one GPU: each takes a fixed KV pool instead of a share of free memory
+           "--gpu-memory-utilization", "0.05", "--kv-cache-memory-bytes", str(1 << 30),
+           "--tensor-parallel-size", str(tp)]
+    arm.startup_s = time.time()
+    arm.proc = subprocess.Popen(cmd, stdout=open(arm.log, "w"), stderr=subprocess.STDOUT, env=arm.env(),
+                                start_new_session=True, cwd=str(REPO))
+
+
+def http_json(url: str, body: dict | None = None, timeout: float = 60) -> tuple[int, dict]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        try:
+            return exc.code, json.loads(raw)
+        except ValueError:
+            return exc.code, {"raw": raw.decode(errors="replace")[:500]}
+
+
+def wait_ready(arm: Arm, timeout: float) -> None:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if arm.proc.poll() is not None:
+            tail = arm.log.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"{arm.name}: server exited with {arm.proc.returncode}:\n{tail}")
+        try:
+            if http_json(arm.base + "/health", timeout=2)[0] == 200:
+                arm.startup_s = round(time.time() - arm.startup_s, 1)
+                return
+        except (OSError, ValueError):
+            pass
+        time.sleep(1)
+    raise RuntimeError(f"{arm.name}: not ready after {timeout:.0f} s; see {arm.log}")
+
+
+def stop(arm: Arm) -> None:
+    if arm.proc is None or arm.proc.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGINT, 20), (signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(arm.proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            arm.proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def alive(arm: Arm) -> bool:
+    try:
+        return arm.proc.poll() is None and http_json(arm.base + "/health", timeout=5)[0] == 200
+    except OSError:
+        return False
+
+
+# --- functional: completions and chat over the openai client --------------------------------------------
+
+def client(arm: Arm):
+    from openai import OpenAI
+
+    return OpenAI(base_url=arm.base + "/v1", api_key="none", timeout=120, max_retries=0)
+
+
+def greedy(arm: Arm, prompt: str, max_tokens: int = GEN_TOKENS) -> dict:
+    """Greedy completion with per-token log-probabilities, token ids and the prompt's own log-probabilities."""
+    c = client(arm)
+    r = c.completions.create(model=arm.model, prompt=prompt, max_tokens=max_tokens, temperature=0, logprobs=5,
+                             extra_body={"ignore_eos": True, "return_token_ids": True,
+                                         "return_tokens_as_token_ids": True, "prompt_logprobs": 1})
+    ch = r.choices[0]
+    d = ch.model_dump() if hasattr(ch, "model_dump") else dict(ch)
+    prompt_lp = []
+    for pos, entry in enumerate(d.get("prompt_logprobs") or []):
+        if entry is None:
+            prompt_lp.append(None)
+            continue
+        tok = d["prompt_token_ids"][pos]
+        lp = entry.get(str(tok), entry.get(tok))
+        prompt_lp.append(None if lp is None else lp["logprob"])
+    top = [{int(k.split(":", 1)[1]): v for k, v in t.items()} for t in ch.logprobs.top_logprobs]
+    return {"prompt_ids": d["prompt_token_ids"], "ids": d["token_ids"], "text": ch.text,
+            "logprobs": list(ch.logprobs.token_logprobs), "top": [{str(k): v for k, v in t.items()} for t in top],
+            "prompt_logprobs": prompt_lp, "finish_reason": ch.finish_reason}
+
+
+def functional(arm: Arm) -> dict:
+    res: dict = {"greedy": {}, "checks": {}}
+    for name, text in prompts().items():
+        res["greedy"][name] = greedy(arm, text)
+    c = client(arm)
+    # streaming completion = the non-streaming one
+    long = prompts()["sparse_1500"]
+    stream_text = "".join(ch.choices[0].text for ch in c.completions.create(
+        model=arm.model, prompt=long, max_tokens=GEN_TOKENS, temperature=0, stream=True,
+        extra_body={"ignore_eos": True}) if ch.choices)
+    res["checks"]["completion_stream_equals_nonstream"] = stream_text == res["greedy"]["sparse_1500"]["text"]
+    # chat: the GGUF's chat template; streaming and not agree; it stops by itself or at max_tokens
+    chat = c.chat.completions.create(model=arm.model, messages=CHAT, max_tokens=GEN_TOKENS, temperature=0)
+    chunks = c.chat.completions.create(model=arm.model, messages=CHAT, max_tokens=GEN_TOKENS, temperature=0,
+                                       stream=True)
+    stream_chat = "".join((ch.choices[0].delta.content or "") for ch in chunks if ch.choices)
+    res["chat"] = {"content": chat.choices[0].message.content, "finish_reason": chat.choices[0].finish_reason,
+                   "prompt_tokens": chat.usage.prompt_tokens, "completion_tokens": chat.usage.completion_tokens}
+    res["checks"]["chat_stream_equals_nonstream"] = stream_chat == chat.choices[0].message.content
+    res["checks"]["chat_nonempty"] = bool(chat.choices[0].message.content) and chat.usage.completion_tokens > 0
+    # the template was applied: the chat prompt is the rendered template's tokens, longer than the user text
+    status, tok = http_json(arm.base + "/tokenize", {"model": arm.model, "messages": CHAT,
+                                                       "add_generation_prompt": True})
+    res["checks"]["chat_template_tokens_match"] = status == 200 and tok.get("count") == chat.usage.prompt_tokens
+    return res
+
+
+def bad_requests(arm: Arm, reference: dict) -> dict:
+    """vLLM's normal error response for bad input; the server stays up; the next request answers right."""
+    url = arm.base + "/v1/completions"
+    cases = {
+        "longer_than_max_model_len": (url, {"model": arm.model, "prompt": words(MAX_MODEL_LEN * 2, 9),
+                                            "max_tokens": 8}),
+        "empty_prompt": (url, {"model": arm.model, "prompt": "", "max_tokens": 8}),
+        "malformed_chat_message": (arm.base + "/v1/chat/completions",
+                                   {"model": arm.model, "messages": [{"role": "user"}], "max_tokens": 8}),
+        "unknown_role": (arm.base + "/v1/chat/completions",
+                         {"model": arm.model, "messages": [{"role": "wizard", "content": "hi"}], "max_tokens": 8}),
+        "negative_max_tokens": (url, {"model": arm.model, "prompt": "hi", "max_tokens": -1}),
+    }
+    out = {}
+    for name, (u, body) in cases.items():
+        status, payload = http_json(u, body)
+        err = payload.get("error", payload)
+        out[name] = {"status": status, "message": str(err.get("message", err) if isinstance(err, dict) else err)[:200],
+                     "alive_after": alive(arm)}
+    again = greedy(arm, prompts()["sparse_600"])
+    out["next_request_same_tokens"] = again["ids"] == reference["ids"]
+    return out
+
+
+# --- throughput and load (raw streaming HTTP, light on the client) --------------------------------------
+
+async def stream_one(session, arm: Arm, prompt_ids: list[int], max_tokens: int) -> dict:
+    body = {"model": arm.model, "prompt": prompt_ids, "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    t0 = time.perf_counter()
+    stamps, usage, finish, text = [], None, None, []
+    async with session.post(arm.base + "/v1/completions", json=body) as resp:
+        if resp.status != 200:
+            return {"error": f"HTTP {resp.status}: {(await resp.text())[:200]}"}
+        async for raw in resp.content:
+            line = raw.decode().strip()
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            chunk = json.loads(data)
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            for ch in chunk.get("choices", []):
+                if ch.get("text"):
+                    stamps.append(time.perf_counter())
+                    text.append(ch["text"])
+                finish = ch.get("finish_reason") or finish
+    n = usage["completion_tokens"] if usage else 0
+    if not stamps:
+        return {"error": "no tokens", "n": n}
+    return {"n": n, "ttft": stamps[0] - t0, "end": stamps[-1] - t0,
+            "tpot": (stamps[-1] - stamps[0]) / max(n - 1, 1), "finish": finish, "ok": n == max_tokens}
+
+
+def random_prompt(rng: random.Random, vocab: list[int], length: int) -> list[int]:
+    return [rng.choice(vocab) for _ in range(length)]
+
+
+async def _throughput(arm: Arm, concurrency: int, requests: int, in_len: int, out_len: int, vocab: list[int]):
+    import aiohttp
+
+    rng = random.Random(1234)
+    work = [random_prompt(rng, vocab, in_len) for _ in range(requests)]
+    sem = asyncio.Semaphore(concurrency)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        async def run(p):
+            async with sem:
+                return await stream_one(session, arm, p, out_len)
+        # warm-up: every batch size's first call JIT-compiles nothing new afterwards
+        await asyncio.gather(*(stream_one(session, arm, p, 8) for p in work[:concurrency]))
+        t0 = time.perf_counter()
+        rows = await asyncio.gather(*(run(p) for p in work))
+        wall = time.perf_counter() - t0
+    good = [r for r in rows if "error" not in r]
+    out_tokens = sum(r["n"] for r in good)
+    med = lambda xs: statistics.median(xs) if xs else float("nan")
+    p99 = lambda xs: sorted(xs)[min(len(xs) - 1, int(0.99 * len(xs)))] if xs else float("nan")
+    return {"concurrency": concurrency, "requests": requests, "in_len": in_len, "out_len": out_len,
+            "errors": len(rows) - len(good), "wall_s": round(wall, 3), "output_tok_s": round(out_tokens / wall, 1),
+            "ttft_ms_median": round(1e3 * med([r["ttft"] for r in good]), 2),
+            "ttft_ms_p99": round(1e3 * p99([r["ttft"] for r in good]), 2),
+            "tpot_ms_median": round(1e3 * med([r["tpot"] for r in good]), 3),
+            "tpot_ms_p99": round(1e3 * p99([r["tpot"] for r in good]), 3)}
+
+
+async def _load(arm: Arm, clients: int, seconds: float, vocab: list[int]):
+    import aiohttp
+
+    deadline = time.perf_counter() + seconds
+    stats = {"sent": 0, "completed": 0, "errors": [], "short": 0, "tokens": 0}
+
+    async def worker(i):
+        rng = random.Random(i)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
+            while time.perf_counter() < deadline:
+                n_out = rng.choice((16, 64, 128))
+                stats["sent"] += 1
+                try:
+                    r = await stream_one(session, arm, random_prompt(rng, vocab, rng.randint(200, 2000)), n_out)
+                except Exception as exc:  # noqa: BLE001 - a lost request is what this counts
+                    stats["errors"].append(repr(exc)[:200])
+                    continue
+                if "error" in r:
+                    stats["errors"].append(r["error"])
+                else:
+                    stats["completed"] += 1
+                    stats["tokens"] += r["n"]
+                    stats["short"] += 0 if r["ok"] else 1
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker(i) for i in range(clients)))
+    stats.update(seconds=round(time.perf_counter() - t0, 1), clients=clients,
+                 errors_count=len(stats["errors"]), errors=stats["errors"][:5])
+    stats["lost"] = stats["sent"] - stats["completed"]
+    return stats
+
+
+def ordinary_vocab(arm: Arm) -> list[int]:
+    """Token ids of plain words (no special tokens): what random prompts are drawn from."""
+    status, tok = http_json(arm.base + "/tokenize", {"model": arm.model, "prompt": words(2000, 7),
+                                                       "add_special_tokens": False})
+    if status != 200:
+        raise RuntimeError(f"{arm.name}: /tokenize failed: {tok}")
+    return sorted(set(tok["tokens"]))
+
+
+# --- float32 reference (transformers) -------------------------------------------------------------------
+
+def reference_scores(results: dict, models: dict[str, str]) -> dict:
+    """Teacher-forced float32 log-probabilities of every arm's own tokens; |served - reference| per position."""
+    import torch
+    from transformers import GlmMoeDsaForCausalLM
+
+    from glm5_shim.gguf.fixture import reference_dir
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    out = {}
+    for quant, gguf_path in models.items():
+        model = GlmMoeDsaForCausalLM.from_pretrained(str(reference_dir(gguf_path)), dtype=torch.float32,
+                                                     attn_implementation="eager").to(device).eval()
+        for arm_name, arm_res in results["arms"].items():
+            if arm_res.get("quant") != quant or "functional" not in arm_res:
+                continue
+            per_prompt = {}
+            for pname, g in arm_res["functional"]["greedy"].items():
+                ids = g["prompt_ids"] + g["ids"]
+                with torch.no_grad():
+                    lp = model(torch.tensor([ids], device=device)).logits[0].float().log_softmax(-1).cpu()
+                n_p = len(g["prompt_ids"])
+                gen_pos = range(n_p - 1, len(ids) - 1)  # logits at t predict token t+1
+                ref_gen = [lp[t, ids[t + 1]].item() for t in gen_pos]
+                ref_top1 = [int(lp[t].argmax()) for t in gen_pos]
+                dec = [abs(a - b) for a, b in zip(g["logprobs"], ref_gen)]
+                pre = [abs(g["prompt_logprobs"][t + 1] - lp[t, ids[t + 1]].item())
+                       for t in range(n_p - 1) if g["prompt_logprobs"][t + 1] is not None]
+                top1_margin = [float((lp[t].topk(2).values[0] - lp[t].topk(2).values[1])) for t in gen_pos]
+                per_prompt[pname] = {
+                    "decode_abs_diff": dec, "prefill_abs_diff": pre,
+                    "top1_agree": sum(a == b for a, b in zip(g["ids"], ref_top1)), "positions": len(g["ids"]),
+                    "min_ref_margin": min(top1_margin)}
+            out[arm_name] = per_prompt
+        del model
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return out
+
+
+# --- summaries ------------------------------------------------------------------------------------------
+
+def quantiles(xs: list[float]) -> dict:
+    if not xs:
+        return {"median": None, "p99": None, "max": None, "n": 0}
+    s = sorted(xs)
+    return {"median": round(statistics.median(s), 4), "p99": round(s[min(len(s) - 1, int(0.99 * len(s)))], 4),
+            "max": round(s[-1], 4), "n": len(s)}
+
+
+def greedy_agreement(a: dict, b: dict) -> dict:
+    """Per prompt: identical greedy prefix length and |Δ log-prob| of the chosen token over that prefix."""
+    rows = {}
+    for name in a:
+        ia, ib = a[name]["ids"], b[name]["ids"]
+        n = 0
+        while n < min(len(ia), len(ib)) and ia[n] == ib[n]:
+            n += 1
+        diffs = [abs(x - y) for x, y in zip(a[name]["logprobs"][:n], b[name]["logprobs"][:n])]
+        rows[name] = {"prompt_tokens": len(a[name]["prompt_ids"]), "identical": n, "of": len(ia),
+                      "max_abs_dlogprob": round(max(diffs), 4) if diffs else None,
+                      "median_abs_dlogprob": round(statistics.median(diffs), 4) if diffs else None}
+    return rows
+
+
+def summarize(results: dict) -> None:
+    arms = results["arms"]
+    pairs = {}
+    for name, res in arms.items():
+        if not name.startswith("shim-") or "functional" not in res:
+            continue
+        other = "native-" + name[len("shim-"):]
+        if other in arms and "functional" in arms[other]:
+            pairs[name[len("shim-"):]] = greedy_agreement(res["functional"]["greedy"], arms[other]["functional"]["greedy"])
+    results["agreement"] = pairs
+    ref = results.get("reference", {})
+    results["reference_summary"] = {
+        arm: {"decode": quantiles([d for p in per.values() for d in p["decode_abs_diff"]]),
+              "prefill": quantiles([d for p in per.values() for d in p["prefill_abs_diff"]]),
+              "top1_agree": sum(p["top1_agree"] for p in per.values()),
+              "positions": sum(p["positions"] for p in per.values())}
+        for arm, per in ref.items()}
+    tp = {}
+    for name, res in arms.items():
+        for row in res.get("throughput", []):
+            tp.setdefault(name, {})[row["concurrency"]] = row
+    ratios = {}
+    for name in tp:
+        if name.startswith("shim-") and "native-" + name[5:] in tp:
+            nat = tp["native-" + name[5:]]
+            ratios[name[5:]] = {c: round(tp[name][c]["output_tok_s"] / nat[c]["output_tok_s"], 3)
+                                for c in tp[name] if c in nat and nat[c]["output_tok_s"]}
+    results["throughput_ratio"] = ratios
+
+
+def report(results: dict) -> str:
+    lines = [f"# End to end — {results.get('date', '')} — {results.get('gpu', '')}, tensor parallel {results.get('tp')}",
+             "", f"Command: `{results.get('command', '')}`", ""]
+    lines += ["## Servers", "", "| arm | model | KV cache | attention / indexer | start-up s | checks |", "|---|---|---|---|---|---|"]
+    for name, res in results["arms"].items():
+        checks = res.get("functional", {}).get("checks", {})
+        ok = "all pass" if checks and all(checks.values()) else ", ".join(k for k, v in checks.items() if not v) or res.get("error", "-")
+        lines.append(f"| {name} | {res.get('quant')} | {res.get('kv')} | {res.get('backends', '-')} | "
+                     f"{res.get('startup_s', '-')} | {ok} |")
+    lines += ["", "## Greedy agreement, shim-forced vs native (identical greedy tokens of "
+              f"{GEN_TOKENS}; |Δ log-prob| of the chosen token over the identical prefix)", ""]
+    for tag, rows in results.get("agreement", {}).items():
+        lines += [f"### {tag}", "", "| prompt | prompt tokens | identical | max |Δ lp| | median |Δ lp| |", "|---|---|---|---|---|"]
+        for pname, r in rows.items():
+            lines.append(f"| {pname} | {r['prompt_tokens']} | {r['identical']}/{r['of']} | {r['max_abs_dlogprob']} | "
+                         f"{r['median_abs_dlogprob']} |")
+        lines.append("")
+    if results.get("reference_summary"):
+        lines += ["## Against the float32 reference (transformers GlmMoeDsaForCausalLM on the GGUF's dequantized "
+                  "weights, teacher-forced on each arm's own tokens)", "",
+                  "| arm | decode |Δ lp| median / p99 / max | prefill |Δ lp| median / p99 / max | greedy = reference top-1 |",
+                  "|---|---|---|---|"]
+        for arm, s in results["reference_summary"].items():
+            d, p = s["decode"], s["prefill"]
+            lines.append(f"| {arm} | {d['median']} / {d['p99']} / {d['max']} | {p['median']} / {p['p99']} / {p['max']} | "
+                         f"{s['top1_agree']}/{s['positions']} |")
+        lines.append("")
+    tp_rows = [(n, r) for n, res in results["arms"].items() for r in res.get("throughput", [])]
+    if tp_rows:
+        lines += ["## Throughput (streaming completions, greedy, ignore_eos)", "",
+                  "| arm | concurrency | requests | in / out tokens | output tok/s | TTFT ms median / p99 | TPOT ms median / p99 | errors |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for n, r in tp_rows:
+            lines.append(f"| {n} | {r['concurrency']} | {r['requests']} | {r['in_len']} / {r['out_len']} | {r['output_tok_s']} | "
+                         f"{r['ttft_ms_median']} / {r['ttft_ms_p99']} | {r['tpot_ms_median']} / {r['tpot_ms_p99']} | {r['errors']} |")
+        lines += ["", "shim / native output tokens/s: " + "; ".join(
+            f"{tag}: " + ", ".join(f"c={c} {v}×" for c, v in r.items()) for tag, r in results.get("throughput_ratio", {}).items()), ""]
+    for name, res in results["arms"].items():
+        if "load" in res:
+            ld = res["load"]
+            lines += [f"## Load on {name}", "",
+                      f"{ld['clients']} concurrent streaming clients for {ld['seconds']} s, prompts 200–2000 tokens "
+                      f"(index_topk 128), 16/64/128 output tokens: sent {ld['sent']}, completed {ld['completed']}, "
+                      f"lost {ld['lost']}, errors {ld['errors_count']}, short {ld['short']}, output tokens {ld['tokens']}; "
+                      f"after the load the greedy request gives the same tokens as before: {res.get('after_load_same_tokens')}", ""]
+        if "bad_requests" in res:
+            lines += [f"## Bad requests on {name}", "", "| request | HTTP status | message | server alive after |", "|---|---|---|---|"]
+            for k, v in res["bad_requests"].items():
+                if isinstance(v, dict):
+                    lines.append(f"| {k} | {v['status']} | {v['message'][:90].replace('|', '/')} | {v['alive_after']} |")
+            lines += ["", f"next good request gives the same tokens as before: {res['bad_requests'].get('next_request_same_tokens')}", ""]
+    return "\n".join(lines) + "\n"
+
+
+# --- the run --------------------------------------------------------------------------------------------
+
+def backends_from_log(log: Path) -> str:
+    """What the server says it chose (attention backend, indexer path), from its own log lines."""
+    text = log.read_text(errors="replace") if log and log.exists() else ""
+    found = [line.split("]", 1)[-1].strip()[:140] for line in text.splitlines()
+             if "glm5-shim: using" in line or "glm5-shim: DSA indexer" in line or " backend." in line and "Using " in line]
+    return " / ".join(dict.fromkeys(found)) or "-"
+
+
+def run_all(args) -> int:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    arms = [a for a in all_arms() if not args.arms or a.name in args.arms.split(",")]
+    quants = sorted({a.quant for a in arms})
+    results = {"date": time.strftime("%Y-%m-%d %H:%M"), "tp": args.tp, "command": " ".join(sys.argv),
+               "gpu": gpu_name(), "arms": {a.name: {"quant": a.quant, "kv": a.kv, "path": a.path} for a in arms}}
+    save = lambda: (out / "results.json").write_text(json.dumps(results, indent=1))
+    from glm5_shim.gguf.fixture import PEAKED, make_tiny
+
+    models = {}
+    for q in quants:
+        path = out / "models" / f"tiny-{q}.gguf"
+        make_tiny(path, quant=q, reference="dequantized", **MODEL_ARGS, **PEAKED)
+        models[q] = str(path)
+    results["models"] = {q: dict(path=p, **MODEL_ARGS, **PEAKED) for q, p in models.items()}
+    for i, arm in enumerate(arms):
+        arm.port = args.base_port + i
+        start(arm, models, out, args.tp)
+    reference = None
+    t_start = time.time()
+    try:
+        ready = []
+        for arm in arms:
+            try:
+                wait_ready(arm, args.start_timeout)
+                ready.append(arm)
+                results["arms"][arm.name].update(startup_s=arm.startup_s, backends=backends_from_log(arm.log))
+            except RuntimeError as exc:
+                results["arms"][arm.name]["error"] = str(exc)[-1500:]
+                print(f"[e2e] {exc}", flush=True)
+        save()
+        print(f"[e2e] ready: {[a.name for a in ready]}", flush=True)
+
+        def func(arm):
+            try:
+                results["arms"][arm.name]["functional"] = functional(arm)
+            except Exception as exc:  # noqa: BLE001 - recorded, the other arms go on
+                results["arms"][arm.name]["error"] = f"functional: {exc!r}"[:1500]
+        with ThreadPoolExecutor(len(ready) or 1) as pool:
+            list(pool.map(func, ready))
+        save()
+        print("[e2e] functional done", flush=True)
+
+        primary = next((a for a in ready if a.path == "shim" and "functional" in results["arms"][a.name]), None)
+        if primary is not None:
+            ref = results["arms"][primary.name]["functional"]["greedy"]["sparse_600"]
+            results["arms"][primary.name]["bad_requests"] = bad_requests(primary, ref)
+            save()
+        vocab = ordinary_vocab(ready[0]) if ready else []
+        if not args.skip_throughput:
+            for arm in ready:
+                if args.budget_s and time.time() - t_start + args.load_seconds + 90 > args.budget_s:
+                    results["arms"][arm.name]["throughput_skipped"] = "time budget"
+                    continue
+                rows = []
+                for conc, n in ((1, args.requests_c1), (32, args.requests_c32)):
+                    rows.append(asyncio.run(_throughput(arm, conc, n, args.in_len, args.out_len, vocab)))
+                    print(f"[e2e] throughput {arm.name} c={conc}: {rows[-1]}", flush=True)
+                results["arms"][arm.name]["throughput"] = rows
+                save()
+        # the float32 reference runs in another process during the load (the GPU has room for both; the load
+        # checks correctness and loss, not speed)
+        if not args.skip_reference:
+            save()
+            reference = subprocess.Popen([sys.executable, __file__, "reference", str(out)],
+                                         stdout=open(out / "reference.log", "w"), stderr=subprocess.STDOUT)
+        if primary is not None and args.load_seconds > 0:
+            results["arms"][primary.name]["load"] = asyncio.run(_load(primary, 32, args.load_seconds, vocab))
+            again = greedy(primary, prompts()["sparse_600"])
+            results["arms"][primary.name]["after_load_same_tokens"] = (
+                again["ids"] == results["arms"][primary.name]["functional"]["greedy"]["sparse_600"]["ids"])
+            results["arms"][primary.name]["alive_after_load"] = alive(primary)
+            print(f"[e2e] load: {results['arms'][primary.name]['load']}", flush=True)
+            save()
+    finally:
+        for arm in arms:
+            stop(arm)
+    if reference is not None:
+        reference.wait()
+        ref_file = out / "reference.json"
+        if ref_file.exists():
+            results["reference"] = json.loads(ref_file.read_text())
+        else:
+            results["reference_error"] = (out / "reference.log").read_text(errors="replace")[-1500:]
+    summarize(results)
+    save()
+    (out / "e2e.md").write_text(report(results))
+    print(report(results), flush=True)
+    return 0
+
+
+def gpu_name() -> str:
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                              text=True, timeout=20).stdout.strip().replace("\n", " + ")
+    except (OSError, subprocess.SubprocessError):
+        return "no GPU"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("all")
+    a.add_argument("--out", required=True)
+    a.add_argument("--tp", type=int, default=1)
+    a.add_argument("--arms", default="", help="comma-separated arm names (default: all six)")
+    a.add_argument("--base-port", type=int, default=8100)
+    a.add_argument("--start-timeout", type=float, default=420)
+    a.add_argument("--load-seconds", type=float, default=120)
+    a.add_argument("--requests-c1", type=int, default=8)
+    a.add_argument("--requests-c32", type=int, default=96)
+    a.add_argument("--in-len", type=int, default=1024)
+    a.add_argument("--out-len", type=int, default=128)
+    a.add_argument("--skip-throughput", action="store_true")
+    a.add_argument("--skip-reference", action="store_true")
+    a.add_argument("--budget-s", type=float, default=0,
+                   help="seconds from server start: skip remaining throughput runs that would leave no time for the load")
+    r = sub.add_parser("report")
+    r.add_argument("dir")
+    f = sub.add_parser("reference", help="score DIR/results.json against the float32 reference → DIR/reference.json")
+    f.add_argument("dir")
+    args = p.parse_args()
+    if args.cmd == "reference":
+        results = json.loads((Path(args.dir) / "results.json").read_text())
+        models = {q: m["path"] for q, m in results["models"].items()}
+        (Path(args.dir) / "reference.json").write_text(json.dumps(reference_scores(results, models)))
+        return 0
+    if args.cmd == "report":
+        results = json.loads((Path(args.dir) / "results.json").read_text())
+        summarize(results)
+        (Path(args.dir) / "e2e.md").write_text(report(results))
+        print(report(results))
+        return 0
+    return run_all(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

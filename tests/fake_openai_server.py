@@ -1,0 +1,148 @@
+"""A stand-in for `vllm serve` on a CPU machine: the endpoints and response shapes bench/e2e.py relies on.
+
+It answers like vLLM 0.23's OpenAI server (field names, SSE framing, error objects with HTTP 400) for a toy
+"model" whose next token is (last token * 31 + 7) mod VOCAB, so that greedy output is deterministic and a test
+can predict it.  Run: python tests/fake_openai_server.py PORT, or with launch.sh's arguments
+(MODEL --port PORT ...), as bench/e2e.py starts it when GLM5_E2E_LAUNCH names tests/fake_launch.sh.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+from aiohttp import web
+
+VOCAB = 997
+MAX_MODEL_LEN = 4096
+MODEL = "tiny.gguf"
+TEMPLATE_EXTRA = 4  # tokens the "chat template" adds around the messages
+
+
+def tokenize(text: str) -> list[int]:
+    return [sum(map(ord, w)) * 13 % VOCAB for w in text.split()]
+
+
+def generate(ids: list[int], n: int) -> list[int]:
+    out, last = [], ids[-1] if ids else 1
+    for _ in range(n):
+        last = (last * 31 + 7) % VOCAB
+        out.append(last)
+    return out
+
+
+def error(message: str, status: int = 400) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": "BadRequestError", "param": None,
+                                        "code": status}}, status=status)
+
+
+def prompt_ids(body: dict) -> list[int] | web.Response:
+    prompt = body.get("prompt")
+    ids = prompt if isinstance(prompt, list) else tokenize(prompt or "")
+    if not ids:
+        return error("The prompt cannot be empty.")
+    if len(ids) + max(body.get("max_tokens") or 16, 0) > MAX_MODEL_LEN:
+        return error(f"This model's maximum context length is {MAX_MODEL_LEN} tokens. However, your request has "
+                     f"{len(ids)} input tokens.")
+    return ids
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    body = await request.json()
+    if (body.get("max_tokens") or 16) < 1:
+        return error("max_tokens must be at least 1, got -1.")
+    ids = prompt_ids(body)
+    if isinstance(ids, web.Response):
+        return ids
+    n = body.get("max_tokens") or 16
+    out = generate(ids, n)
+    texts = [f" w{t}" for t in out]
+    if body.get("stream"):
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for text in texts:
+            chunk = {"id": "x", "object": "text_completion", "created": 0, "model": MODEL,
+                     "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": None}]}
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        last = {"id": "x", "object": "text_completion", "created": 0, "model": MODEL,
+                "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}]}
+        await resp.write(f"data: {json.dumps(last)}\n\n".encode())
+        if (body.get("stream_options") or {}).get("include_usage"):
+            usage = {"id": "x", "object": "text_completion", "created": 0, "model": MODEL, "choices": [],
+                     "usage": {"prompt_tokens": len(ids), "completion_tokens": n, "total_tokens": len(ids) + n}}
+            await resp.write(f"data: {json.dumps(usage)}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+    choice = {"index": 0, "text": "".join(texts), "finish_reason": "length", "stop_reason": None}
+    if body.get("logprobs") is not None:
+        as_ids = body.get("return_tokens_as_token_ids")
+        name = (lambda t: f"token_id:{t}") if as_ids else (lambda t: f" w{t}")
+        choice["logprobs"] = {"text_offset": list(range(n)), "token_logprobs": [-0.25] * n,
+                              "tokens": [name(t) for t in out],
+                              "top_logprobs": [{name(t): -0.25, name((t + 1) % VOCAB): -3.0} for t in out]}
+    if body.get("return_token_ids"):
+        choice["token_ids"] = out
+        choice["prompt_token_ids"] = ids
+    if body.get("prompt_logprobs") is not None:
+        choice["prompt_logprobs"] = [None] + [{str(t): {"logprob": -1.5, "rank": 1, "decoded_token": f" w{t}"}}
+                                              for t in ids[1:]]
+    return web.json_response({"id": "x", "object": "text_completion", "created": 0, "model": MODEL,
+                              "choices": [choice],
+                              "usage": {"prompt_tokens": len(ids), "completion_tokens": n, "total_tokens": len(ids) + n}})
+
+
+def chat_ids(messages) -> list[int] | web.Response:
+    ids = []
+    for m in messages or []:
+        if m.get("role") not in ("system", "user", "assistant", "tool"):
+            return error(f"Unexpected role {m.get('role')!r}")
+        if "content" not in m:
+            return error("1 validation error: messages.0.content: Field required")
+        ids += tokenize(m["content"])
+    return ids + [1] * TEMPLATE_EXTRA
+
+
+async def chat(request: web.Request) -> web.StreamResponse:
+    body = await request.json()
+    ids = chat_ids(body.get("messages"))
+    if isinstance(ids, web.Response):
+        return ids
+    n = body.get("max_tokens") or 16
+    text = "".join(f" w{t}" for t in generate(ids, n))
+    if body.get("stream"):
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for piece in (text[: len(text) // 2], text[len(text) // 2:]):
+            chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": MODEL,
+                     "choices": [{"index": 0, "delta": {"role": "assistant", "content": piece}, "finish_reason": None}]}
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+    return web.json_response({"id": "c", "object": "chat.completion", "created": 0, "model": MODEL,
+                              "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                           "finish_reason": "length"}],
+                              "usage": {"prompt_tokens": len(ids), "completion_tokens": n, "total_tokens": len(ids) + n}})
+
+
+async def tokenize_endpoint(request: web.Request) -> web.Response:
+    body = await request.json()
+    ids = chat_ids(body["messages"]) if "messages" in body else tokenize(body.get("prompt", ""))
+    if isinstance(ids, web.Response):
+        return ids
+    return web.json_response({"count": len(ids), "max_model_len": MAX_MODEL_LEN, "tokens": ids})
+
+
+async def health(_request: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+def app() -> web.Application:
+    a = web.Application()
+    a.add_routes([web.get("/health", health), web.post("/v1/completions", completions),
+                  web.post("/v1/chat/completions", chat), web.post("/tokenize", tokenize_endpoint)])
+    return a
+
+
+if __name__ == "__main__":
+    argv = sys.argv[1:]
+    port = int(argv[argv.index("--port") + 1]) if "--port" in argv else int(argv[0])
+    web.run_app(app(), host="127.0.0.1", port=port, print=None)
