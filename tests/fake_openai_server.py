@@ -59,9 +59,14 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if body.get("stream"):
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        for text in texts:
+        for t, text in zip(out, texts):
+            lp = None
+            if body.get("logprobs") is not None:
+                name = (lambda x: f"token_id:{x}") if body.get("return_tokens_as_token_ids") else (lambda x: f" w{x}")
+                lp = {"text_offset": [0], "token_logprobs": [-0.25], "tokens": [name(t)],
+                      "top_logprobs": [{name(t): -0.25, name((t + 1) % VOCAB): -3.0}]}
             chunk = {"id": "x", "object": "text_completion", "created": 0, "model": MODEL,
-                     "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": None}]}
+                     "choices": [{"index": 0, "text": text, "logprobs": lp, "finish_reason": None}]}
             await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
         last = {"id": "x", "object": "text_completion", "created": 0, "model": MODEL,
                 "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}]}
@@ -92,12 +97,14 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 def chat_ids(messages) -> list[int] | web.Response:
     ids = []
-    for m in messages or []:
-        if m.get("role") not in ("system", "user", "assistant", "tool"):
-            return error(f"Unexpected role {m.get('role')!r}")
-        if "content" not in m:
-            return error("1 validation error: messages.0.content: Field required")
-        ids += tokenize(m["content"])
+    if not isinstance(messages, list):
+        return error("1 validation error: messages: Input should be a valid list")
+    for m in messages:
+        if "role" not in m:
+            return error("messages.0.role: Field required")
+        if not isinstance(m.get("content") or "", str):
+            return error("messages.0.content: Input should be a valid string")
+        ids += tokenize(m.get("content") or "")
     return ids + [1] * TEMPLATE_EXTRA
 
 
@@ -107,19 +114,31 @@ async def chat(request: web.Request) -> web.StreamResponse:
     if isinstance(ids, web.Response):
         return ids
     n = body.get("max_tokens") or 16
-    text = "".join(f" w{t}" for t in generate(ids, n))
+    out = generate(ids, n)
+    text = "".join(f" w{t}" for t in out)
+    name = (lambda x: f"token_id:{x}") if body.get("return_tokens_as_token_ids") else (lambda x: f" w{x}")
+
+    def logprobs(tokens):
+        if not body.get("logprobs"):
+            return None
+        return {"content": [{"token": name(t), "logprob": -0.25, "bytes": None,
+                             "top_logprobs": [{"token": name(t), "logprob": -0.25, "bytes": None},
+                                              {"token": name((t + 1) % VOCAB), "logprob": -3.0, "bytes": None}]}
+                            for t in tokens]}
     if body.get("stream"):
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        for piece in (text[: len(text) // 2], text[len(text) // 2:]):
+        half = len(out) // 2
+        for part in (out[:half], out[half:]):
             chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": MODEL,
-                     "choices": [{"index": 0, "delta": {"role": "assistant", "content": piece}, "finish_reason": None}]}
+                     "choices": [{"index": 0, "delta": {"role": "assistant", "content": "".join(f" w{t}" for t in part)},
+                                  "logprobs": logprobs(part), "finish_reason": None}]}
             await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
         await resp.write(b"data: [DONE]\n\n")
         return resp
     return web.json_response({"id": "c", "object": "chat.completion", "created": 0, "model": MODEL,
                               "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                           "finish_reason": "length"}],
+                                           "logprobs": logprobs(out), "finish_reason": "length"}],
                               "usage": {"prompt_tokens": len(ids), "completion_tokens": n, "total_tokens": len(ids) + n}})
 
 

@@ -9,8 +9,12 @@
 Bounds (why these): the shim-forced path must be as close to the float32 reference as vLLM's native path is.
 A random tiny model is a hard target: a bf16 rounding that flips one MoE route or one indexer pick moves the
 next log-probability by up to ~1 nat at rare positions even between two correct engines (measured on the CPU
-with the float32 vs bf16 reference: median 0.011, max 1.2 nats over ~900 positions), so a bound is stated on the
-median and the 99th percentile, relative to native: shim <= 2 x native + 0.02 (median) and + 0.1 (p99).
+with the float32 vs bf16 reference: median 0.011, max 1.2 nats over ~900 positions), so the bound is on the mean
+|Δ log-prob| and on how many positions are off by more than 0.25 nats, relative to native:
+    mean(shim) <= 1.25 x mean(native) + 0.01,   #(shim > 0.25) <= 2 x #(native > 0.25) + max(2, 1% of positions).
+A wrong kernel (a bad index, scale or head) is off by O(1) nats at most positions and fails both by far.
+Greedy tokens: identical for >= 32 tokens on all prompts but at most one, and where two runs part before that,
+it is at a near-tie (top-2 gap < e2e.NEAR_TIE nats in one of them): either token is then a right answer.
 """
 from __future__ import annotations
 
@@ -77,6 +81,9 @@ def test_greedy_tokens_agree_with_native_on_most_prompts(results):
     for tag, rows in results["agreement"].items():
         agree = [p for p, r in rows.items() if r["identical"] >= 32]
         assert len(agree) >= len(rows) - 1, (tag, rows)
+        for p, r in rows.items():
+            if r["identical"] < 32:
+                assert r["gap_at_divergence"] is not None and r["gap_at_divergence"] < e2e.NEAR_TIE, (tag, p, r)
 
 
 def test_log_probabilities_are_as_close_to_the_float32_reference_as_native(results):
@@ -86,10 +93,11 @@ def test_log_probabilities_are_as_close_to_the_float32_reference_as_native(resul
         native = "native-" + name[len("shim-"):]
         if native not in summary:
             continue
-        for phase, slack_med, slack_p99 in (("decode", 0.02, 0.1), ("prefill", 0.02, 0.1)):
+        for phase in ("decode", "prefill"):
             s, n = summary[name][phase], summary[native][phase]
-            assert s["median"] <= 2 * n["median"] + slack_med, (name, phase, s, n)
-            assert s["p99"] <= 2 * n["p99"] + slack_p99, (name, phase, s, n)
+            assert s["n"] > 0 and n["n"] > 0, (name, phase)
+            assert s["mean"] <= 1.25 * n["mean"] + 0.01, (name, phase, s, n)
+            assert s["over_0.25"] <= 2 * n["over_0.25"] + max(2, 0.01 * s["n"]), (name, phase, s, n)
         assert summary[name]["top1_agree"] >= summary[native]["top1_agree"] - 2, (name, summary[name], summary[native])
 
 
@@ -100,7 +108,7 @@ def test_the_load_lost_nothing_and_the_server_still_answers_right(results):
         load = arm["load"]
         assert load["lost"] == 0 and load["errors_count"] == 0 and load["short"] == 0, (name, load)
         assert load["completed"] >= load["clients"], (name, load)
-        assert arm["after_load_same_tokens"] and arm["alive_after_load"], name
+        assert arm["after_load_same_tokens"] and arm["alive_after_load"], (name, arm.get("after_load"))
 
 
 def test_bad_requests_get_an_error_and_the_server_stays_up(results):
@@ -108,6 +116,6 @@ def test_bad_requests_get_an_error_and_the_server_stays_up(results):
     assert checked
     for name, bad in checked:
         for case, r in bad.items():
-            if isinstance(r, dict):
+            if isinstance(r, dict) and "status" in r:
                 assert 400 <= r["status"] < 500 and r["alive_after"], (name, case, r)
-        assert bad["next_request_same_tokens"], name
+        assert bad["next_request_same_tokens"], (name, bad.get("next_request"))
