@@ -340,9 +340,10 @@ async def stream_one(session, arm: Arm, prompt_ids: list[int], max_tokens: int) 
             if chunk.get("usage"):
                 usage = chunk["usage"]
             for ch in chunk.get("choices", []):
-                if ch.get("text"):
+                # a token may decode to no text yet (a partial character); the chunk still marks its arrival
+                if ch.get("text") or (ch.get("finish_reason") and not stamps):
                     stamps.append(time.perf_counter())
-                    text.append(ch["text"])
+                    text.append(ch.get("text") or "")
                 finish = ch.get("finish_reason") or finish
     n = usage["completion_tokens"] if usage else 0
     if not stamps:
@@ -376,6 +377,7 @@ async def _throughput(arm: Arm, concurrency: int, requests: int, in_len: int, ou
     p99 = lambda xs: sorted(xs)[min(len(xs) - 1, int(0.99 * len(xs)))] if xs else float("nan")
     return {"concurrency": concurrency, "requests": requests, "in_len": in_len, "out_len": out_len,
             "errors": len(rows) - len(good), "wall_s": round(wall, 3), "output_tok_s": round(out_tokens / wall, 1),
+            "input_tok_s": round(len(good) * in_len / wall, 1),
             "ttft_ms_median": round(1e3 * med([r["ttft"] for r in good]), 2),
             "ttft_ms_p99": round(1e3 * p99([r["ttft"] for r in good]), 2),
             "tpot_ms_median": round(1e3 * med([r["tpot"] for r in good]), 3),
@@ -569,10 +571,10 @@ def report(results: dict) -> str:
     tp_rows = [(n, r) for n, res in results["arms"].items() for r in res.get("throughput", [])]
     if tp_rows:
         lines += ["## Throughput (streaming completions, greedy, ignore_eos)", "",
-                  "| arm | concurrency | requests | in / out tokens | output tok/s | TTFT ms median / p99 | TPOT ms median / p99 | errors |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| arm | concurrency | requests | in / out tokens | output tok/s | prompt tok/s | TTFT ms median / p99 | TPOT ms median / p99 | errors |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for n, r in tp_rows:
-            lines.append(f"| {n} (pass {r.get('pass', 1)}) | {r['concurrency']} | {r['requests']} | {r['in_len']} / {r['out_len']} | {r['output_tok_s']} | "
+            lines.append(f"| {n} (pass {r.get('pass', 1)}) | {r['concurrency']} | {r['requests']} | {r['in_len']} / {r['out_len']} | {r['output_tok_s']} | {r.get('input_tok_s', '-')} | "
                          f"{r['ttft_ms_median']} / {r['ttft_ms_p99']} | {r['tpot_ms_median']} / {r['tpot_ms_p99']} | {r['errors']} |")
         lines += ["", "shim / native output tokens/s: " + "; ".join(
             f"{tag}: " + ", ".join(f"c={c} {v}×" for c, v in r.items()) for tag, r in results.get("throughput_ratio", {}).items()), ""]
@@ -663,27 +665,24 @@ def run_all(args) -> int:
             save()
         vocab = ordinary_vocab(ready[0]) if ready else []
         if not args.skip_throughput:
-            for arm in ready:
-                if args.throughput_arms and arm.name not in args.throughput_arms.split(","):
-                    continue
-                if args.budget_s and time.time() - t_start + args.load_seconds + 90 > args.budget_s:
-                    results["arms"][arm.name]["throughput_skipped"] = "time budget"
-                    continue
-                rows = []
-                for rep_i in range(1, args.throughput_passes + 1):
-                    for conc, n in ((1, args.requests_c1), (32, args.requests_c32)):
-                        row = asyncio.run(_throughput(arm, conc, n, args.in_len, args.out_len, vocab))
+            # passes interleave the arms (shim, native, shim, native...) so that drift on the machine hits both
+            tp_arms = [a for a in ready if not args.throughput_arms or a.name in args.throughput_arms.split(",")]
+            rows = {a.name: [] for a in tp_arms}
+            shapes = [(1, args.requests_c1, args.in_len, args.out_len), (32, args.requests_c32, args.in_len, args.out_len)]
+            # where the time goes at concurrency 32: prefill alone (1 output token), decode-heavy (short prompts)
+            split = [(32, args.requests_c32, args.in_len, 1), (32, args.requests_c32, 64, 256)]
+            for rep_i in [*range(1, args.throughput_passes + 1), "split"]:
+                for arm in tp_arms:
+                    if args.budget_s and time.time() - t_start + args.load_seconds + 90 > args.budget_s:
+                        results["arms"][arm.name]["throughput_skipped"] = f"time budget (pass {rep_i})"
+                        continue
+                    for conc, n, in_len, out_len in (split if rep_i == "split" else shapes):
+                        row = asyncio.run(_throughput(arm, conc, n, in_len, out_len, vocab))
                         row["pass"] = rep_i
-                        rows.append(row)
-                        print(f"[e2e] throughput {arm.name} pass {rep_i} c={conc}: {row}", flush=True)
-                # where the time goes at concurrency 32: prefill alone (1 output token), decode-heavy (short prompts)
-                for in_len, out_len in ((args.in_len, 1), (64, 256)):
-                    row = asyncio.run(_throughput(arm, 32, args.requests_c32, in_len, out_len, vocab))
-                    row["pass"] = "split"
-                    rows.append(row)
-                    print(f"[e2e] throughput {arm.name} c=32 {in_len}/{out_len}: {row}", flush=True)
-                results["arms"][arm.name]["throughput"] = rows
-                save()
+                        rows[arm.name].append(row)
+                        print(f"[e2e] throughput {arm.name} pass {rep_i} c={conc} {in_len}/{out_len}: {row}", flush=True)
+                    results["arms"][arm.name]["throughput"] = rows[arm.name]
+                    save()
         # the float32 reference runs in another process during the load (the GPU has room for both; the load
         # checks correctness and loss, not speed)
         if not args.skip_reference:
@@ -737,7 +736,7 @@ def main() -> int:
     a.add_argument("--base-port", type=int, default=8100)
     a.add_argument("--start-timeout", type=float, default=420)
     a.add_argument("--load-seconds", type=float, default=120)
-    a.add_argument("--requests-c1", type=int, default=8)
+    a.add_argument("--requests-c1", type=int, default=16)
     a.add_argument("--requests-c32", type=int, default=96)
     a.add_argument("--in-len", type=int, default=1024)
     a.add_argument("--out-len", type=int, default=128)
