@@ -163,3 +163,13 @@ def test_the_whole_run_on_stand_in_servers(tmp_path):
     md = (out / "e2e.md").read_text()
     assert "## Greedy agreement" in md and "## Load on shim-q80-bf16" in md and "## Throughput" in md
     assert "## Repeatability" in md and "## Float32 reference: failed" in md
+
+
+def test_throughput_ratio_uses_the_warm_passes():
+    def row(p, tok_s, conc=32):
+        return {"concurrency": conc, "pass": p, "in_len": 8, "out_len": 8, "output_tok_s": tok_s}
+    results = {"arms": {
+        "shim-x": {"throughput": [row(1, 10.0), row(2, 90.0), row(3, 110.0), row("split", 50.0)]},
+        "native-x": {"throughput": [row(1, 100.0), row(2, 100.0), row(3, 100.0), row("split", 40.0)]}}}
+    e2e.summarize(results)
+    assert results["throughput_ratio"]["x"] == {32: 1.0, "32 (8/8)": 1.25}  # the cold first pass is left out
