@@ -624,6 +624,9 @@ def run_all(args) -> int:
     model_args = dict(MODEL_ARGS, heads=args.heads)
     if model_args["heads"] % args.tp:
         raise SystemExit(f"--heads {args.heads} is not divisible by --tp {args.tp}")
+    if args.tp > 1:
+        # every down projection must split into whole Q4_K blocks (256 values) on every rank (gguf/tp_split.py)
+        model_args.update(intermediate=max(512, 256 * args.tp), moe_intermediate=256 * args.tp)
     models = {}
     for q in quants:
         path = out / "models" / f"tiny-{q}.gguf"

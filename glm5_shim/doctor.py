@@ -141,6 +141,8 @@ def _model_summary(path: str) -> dict:
         report = inspect_report(path)
         summary["weight_bytes_per_gpu"] = report["weight_bytes_per_gpu"]
         summary["kv_cache_bytes_per_token"] = report["kv_cache_bytes_per_token"]
+        if "tp_split" in report:
+            summary["tp_split"] = report["tp_split"]
     return summary
 
 
@@ -192,6 +194,15 @@ def format_text(r: dict) -> str:
             lines.append("  weights per GPU: " + ", ".join(f"TP{tp} {v:.2f} GiB" for tp, v in gib.items()))
             lines.append(f"  KV cache per token: {kv['total_bf16']} B bf16, {kv['total_fp8_ds_mla']} B with "
                          "--kv-cache-dtype fp8_ds_mla (MLA + indexer, all layers)")
+        split = m.get("tp_split", {})
+        if "clean" in split:
+            bad = [tp for tp in (1, 2, 4, 8) if tp not in split["clean"]]
+            ep = [tp for tp in bad if tp in split["clean_with_expert_parallel"]]
+            lines.append("  tensor parallel: " + ", ".join(f"TP{tp}" for tp in split["clean"])
+                         + (" split cleanly" if split["clean"] else "none splits cleanly")
+                         + (f"; TP{', TP'.join(map(str, bad))} would cut quantized blocks (refused at start-up)"
+                            if bad else "")
+                         + (f"; TP{', TP'.join(map(str, ep))} work with --enable-expert-parallel" if ep else ""))
     return "\n".join(lines)
 
 

@@ -58,6 +58,10 @@ def test_doctor_checks_a_model_without_a_gpu(tmp_path):
     assert report["model"]["architecture"] == "glm-dsa" and report["model"]["errors"] == []
     per_gpu = {int(k): v for k, v in report["model"]["weight_bytes_per_gpu"].items()}
     assert per_gpu[8] < per_gpu[4] < per_gpu[2] < per_gpu[1]
+    assert report["model"]["tp_split"]["clean"] == [1, 2, 4, 8]  # Q8_0: 32-value blocks split everywhere
+    q4k = make_tiny(tmp_path / "q4k.gguf", quant="Q4_K", layers=2, write_reference=False)[0]
+    assert "tensor parallel: TP1 split cleanly; TP2, TP4, TP8 would cut quantized blocks (refused at start-up)" \
+        in _doctor(str(q4k)).stdout
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"nope")
     text = _doctor(str(bad)).stdout

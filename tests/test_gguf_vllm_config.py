@@ -41,8 +41,11 @@ def results(tmp_path_factory):
                               metadata_overrides={"glm-dsa.attention.q_lora_rank": 128})[0]
     unsupported = make_tiny(root / "mxfp4.gguf", layers=2, write_reference=False,
                             overrides={"blk.1.ffn_down_exps.weight": "MXFP4"})[0]
+    q8 = make_tiny(root / "q8.gguf", quant="Q8_0", layers=2, write_reference=False)[0]
     cases = {
         "good": {"model": str(good)},
+        "tp2_q8": {"model": str(q8), "tensor_parallel_size": 2},
+        "tp2_q4k": {"model": str(good), "tensor_parallel_size": 2},
         "split": {"model": str(split[0])},
         "hf_config_path": {"model": str(good), "hf_config_path": str(override_dir)},
         "tokenizer": {"model": str(good), "tokenizer": str(reference_dir(good))},
@@ -61,6 +64,18 @@ def results(tmp_path_factory):
     out = dict(zip(cases, lines))
     out["_paths"] = {"good": good, "split": split, "missing": missing_dir / split[2].name}
     return out
+
+
+def test_a_tensor_parallel_size_that_would_cut_quantized_blocks_is_refused(results):
+    """Q8_0 (32-value blocks) splits at TP 2; the Q4_K file's shared-expert down projection has rows of 256 values =
+    one block, which vLLM would cut in two bytewise: refused in the front end, with the sizes that work."""
+    assert results["tp2_q8"]["ok"], results["tp2_q8"]
+    bad = results["tp2_q4k"]
+    assert not bad["ok"] and bad["error"].startswith("GGUFError: glm5-shim: ")
+    assert "good.gguf: tensor blk.1.ffn_down_shexp.weight (Q4_K, 256 values a block) cannot be split for " \
+           "--tensor-parallel-size 2: each row is 1 block(s)" in bad["error"]
+    assert bad["error"].endswith("this file splits cleanly at --tensor-parallel-size 1")
+    assert "create_engine_config" in bad["frames"] and "\n" not in bad["error"]
 
 
 def test_config_and_tokenizer_come_from_the_gguf(results):

@@ -104,7 +104,8 @@ def tiny_tokenizer(pre: str = "glm4") -> TinyTokenizer:
 
 
 def tiny_hf_config(*, layers: int, heads: int, index_heads: int, index_topk: int, mtp: bool,
-                   tokenizer: TinyTokenizer, tie_embeddings: bool = False) -> dict[str, Any]:
+                   tokenizer: TinyTokenizer, tie_embeddings: bool = False, intermediate: int = 512,
+                   moe_intermediate: int = 256) -> dict[str, Any]:
     """The HF glm_moe_dsa config.json of a tiny model (what build_hf_config must reproduce)."""
     ids = tokenizer.special_ids
     return {
@@ -116,8 +117,8 @@ def tiny_hf_config(*, layers: int, heads: int, index_heads: int, index_topk: int
         "attention_dropout": 0.0,
         "hidden_act": "silu",
         "hidden_size": 256,
-        "intermediate_size": 512,
-        "moe_intermediate_size": 256,
+        "intermediate_size": intermediate,
+        "moe_intermediate_size": moe_intermediate,
         "num_hidden_layers": layers,
         "num_nextn_predict_layers": 1 if mtp else 0,
         "first_k_dense_replace": 1,
@@ -432,7 +433,7 @@ def make_tiny(out_path: str | Path, quant: str = "Q8_0", layers: int = 3, shards
               extra_tensors: dict[str, np.ndarray] | None = None,
               tie_embeddings: bool = False, tokenizer_pre: str = "glm4",
               write_reference: bool = True, residual_scale: float = 1.0, bigram_gain: float = 0.0,
-              reference: str = "float") -> list[Path]:
+              reference: str = "float", intermediate: int = 512, moe_intermediate: int = 256) -> list[Path]:
     """Write a tiny random glm-dsa GGUF (or `shards` files) and its reference directory; return the GGUF paths.
 
     quant: the type of every quantizable tensor (one of QUANT_TYPES); 1-D tensors, norms, router and biases
@@ -444,6 +445,9 @@ def make_tiny(out_path: str | Path, quant: str = "Q8_0", layers: int = 3, shards
       or None to leave the tensor out. The reference weights are not affected.
     extra_tensors: GGUF name → float32 array, written after the model's own tensors (for tests).
     residual_scale, bigram_gain: see random_hf_weights (PEAKED holds the values end-to-end tests use).
+    intermediate, moe_intermediate: FFN widths (dense, per expert). vLLM splits the down projections' rows across
+      tensor-parallel ranks in whole quantization blocks (glm5_shim.gguf.tp_split): a Q4_K file meant for TP t needs
+      widths that are multiples of 256 * t.
     reference: "float" writes the float weights the GGUF was made from; "dequantized" writes what the GGUF
       stores, decoded back to float32 under HF names, so a float32 reference model differs from an engine
       running the GGUF only by arithmetic, not by quantization error.
@@ -463,7 +467,8 @@ def make_tiny(out_path: str | Path, quant: str = "Q8_0", layers: int = 3, shards
 
     tokenizer = tiny_tokenizer(tokenizer_pre)
     config = tiny_hf_config(layers=layers, heads=heads, index_heads=index_heads, index_topk=index_topk, mtp=mtp,
-                            tokenizer=tokenizer, tie_embeddings=tie_embeddings)
+                            tokenizer=tokenizer, tie_embeddings=tie_embeddings, intermediate=intermediate,
+                            moe_intermediate=moe_intermediate)
     from .tokenizer import TOKEN_NORMAL
 
     ordinary = [i for i, kind in enumerate(tokenizer.token_types) if kind == TOKEN_NORMAL]
@@ -568,6 +573,9 @@ def add_make_tiny_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
     parser.add_argument("--index-topk", type=int, default=128, help="DSA indexer top-k")
     parser.add_argument("--no-mtp", action="store_true", help="leave out the MTP (nextn) layer")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the weights")
+    parser.add_argument("--intermediate", type=int, default=512, help="dense FFN width")
+    parser.add_argument("--moe-intermediate", type=int, default=256,
+                        help="expert FFN width (a Q4_K file for tensor parallel t needs a multiple of 256 * t)")
     parser.add_argument("--peaked", action="store_true",
                         help=f"a model whose next-token choice two correct engines agree on (residual scale "
                              f"{PEAKED['residual_scale']}, bigram gain {PEAKED['bigram_gain']}); for end-to-end tests")
@@ -579,7 +587,8 @@ def add_make_tiny_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
 def run_make_tiny(args: argparse.Namespace) -> int:
     paths = make_tiny(args.out, quant=args.quant, layers=args.layers, shards=args.shards, mtp=not args.no_mtp,
                       heads=args.heads, index_heads=args.index_heads, index_topk=args.index_topk, seed=args.seed,
-                      reference=args.reference, **(PEAKED if args.peaked else {}))
+                      reference=args.reference, intermediate=args.intermediate, moe_intermediate=args.moe_intermediate,
+                      **(PEAKED if args.peaked else {}))
     for path in paths:
         print(path)
     print(reference_dir(args.out))

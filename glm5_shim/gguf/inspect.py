@@ -26,8 +26,10 @@ from typing import Any
 from .config import build_hf_config
 from .dequant import is_float_type
 from .errors import GGUFError
+from .load_plan import plan_load
 from .reader import GLM_DSA_ARCH, GGUFModel, open_gguf
 from .tensor_map import ROLE_EXPERTS, ROLE_FORCE_FLOAT, ROLE_REBUILD_KV_B, build_tensor_map
+from .tp_split import clean_tp_sizes, split_problems
 from .validate import validate_model
 
 TP_SIZES = (1, 2, 4, 8)
@@ -121,6 +123,16 @@ def inspect_report(path: str | Path) -> dict[str, Any]:
                                   if t.name in tensor_map and tensor_map[t.name].base_role == ROLE_EXPERTS)
     report["weight_bytes_per_gpu"] = {str(tp): b for tp, b in weight_bytes_per_gpu(model, config).items()}
     report["kv_cache_bytes_per_token"] = kv_cache_bytes_per_token(config)
+    try:
+        plan = plan_load(model, config)
+    except GGUFError as exc:  # the validator's findings already say why
+        report["tp_split"] = {"error": str(exc)}
+        return report
+    report["tp_split"] = {
+        "clean": clean_tp_sizes(plan, TP_SIZES),
+        "clean_with_expert_parallel": clean_tp_sizes(plan, TP_SIZES, expert_parallel=True),
+        "first_problem": {str(tp): problems[0].line(str(model.path))
+                          for tp in TP_SIZES if (problems := split_problems(plan, tp))}}
     return report
 
 
@@ -159,6 +171,14 @@ def format_report(report: dict[str, Any]) -> str:
                      "replicated: norms/indexer/q_a+kv_a/router; float as bf16):")
         for tp, size in report["weight_bytes_per_gpu"].items():
             lines.append(f"  TP{tp}: {_size(size)}")
+        split = report.get("tp_split", {})
+        if "clean" in split:
+            lines.append(f"tensor-parallel sizes whose row-parallel weights split on whole blocks: "
+                         f"{', '.join(map(str, split['clean'])) or 'none'}"
+                         + (f" (with --enable-expert-parallel: {', '.join(map(str, split['clean_with_expert_parallel']))})"
+                            if split["clean_with_expert_parallel"] != split["clean"] else ""))
+            for tp, line in split["first_problem"].items():
+                lines.append(f"  TP{tp}: {line}")
         kv = report["kv_cache_bytes_per_token"]
         lines.append(f"KV cache per token ({kv['layers']} layers, same on every TP rank): "
                      f"bf16 {kv['total_bf16']} B (MLA {kv['mla_bf16_per_layer']} + indexer {kv['indexer_per_layer']} "

@@ -1,0 +1,78 @@
+"""Which tensor-parallel sizes a glm-dsa GGUF can be split at, from headers only.
+
+vLLM 0.23 keeps a quantized GGUF weight as packed bytes and splits a row-parallel weight along its rows' bytes:
+each of the TP ranks takes `row_bytes // tp` bytes (RowParallelLinear.weight_loader for attn_output and the dense /
+shared-expert ffn_down; FusedMoE._load_w2 for the routed experts' ffn_down_exps).  The cut is right only when every
+rank's range holds whole quantization blocks, i.e. when the row's block count is a multiple of TP.  Otherwise each
+rank receives pieces of blocks and the model computes with wrong weights, with no error anywhere.
+
+GLM-5 itself splits cleanly at TP 8 for every llama.cpp type (the tightest rows are the experts' 2048 values = 8
+blocks of 256); a file whose FFN widths were changed, or a test model, may not.  Column-parallel weights are split by
+whole rows, and float weights (including everything the loader dequantizes) by values, so they never break.
+With expert parallelism vLLM hands out whole experts, so the routed experts are not cut.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gguf
+
+from .load_plan import DEQUANTIZE, FLOAT, KEEP, KV_B, REQUANTIZE, REQUANTIZE_TYPE, LoadPlan
+
+# GGUF tensor name endings vLLM splits along the input dimension (the packed row).
+ROW_PARALLEL_SUFFIXES = ("attn_output.weight", "ffn_down.weight", "ffn_down_shexp.weight")
+EXPERT_ROW_PARALLEL_SUFFIX = "ffn_down_exps.weight"
+
+
+@dataclass(frozen=True)
+class SplitProblem:
+    tensor: str
+    type_name: str
+    row_values: int
+    block_values: int
+    tp: int
+    is_expert: bool
+
+    @property
+    def blocks(self) -> int:
+        return self.row_values // self.block_values
+
+    def line(self, where: str) -> str:
+        return (f"{where}: tensor {self.tensor} ({self.type_name}, {self.block_values} values a block) cannot be split "
+                f"for --tensor-parallel-size {self.tp}: each row is {self.blocks} block(s), expected a multiple of "
+                f"{self.tp} (vLLM would cut blocks apart and compute with wrong weights)")
+
+
+def _final_type(action: str, type_name: str) -> str | None:
+    """The GGML type vLLM receives for a tensor the plan treats this way; None when it gets float values."""
+    if action == KEEP:
+        return type_name
+    if action == REQUANTIZE:
+        return REQUANTIZE_TYPE
+    if action in (FLOAT, DEQUANTIZE, KV_B):
+        return None
+    return None  # skip
+
+
+def split_problems(plan: LoadPlan, tp: int, *, expert_parallel: bool = False) -> list[SplitProblem]:
+    """Every row-parallel quantized tensor whose rows do not split into whole blocks at tensor-parallel size `tp`."""
+    if tp <= 1:
+        return []
+    problems = []
+    for t in plan.tensors:
+        name = t.gguf_name
+        is_expert = name.endswith(EXPERT_ROW_PARALLEL_SUFFIX)
+        if not (is_expert or name.endswith(ROW_PARALLEL_SUFFIXES)) or (is_expert and expert_parallel):
+            continue
+        type_name = _final_type(t.action, t.info.type_name)
+        if type_name is None:
+            continue
+        block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]][0]
+        row = t.info.shape[-1]
+        if block > 1 and (row // block) % tp:
+            problems.append(SplitProblem(name, type_name, row, block, tp, is_expert))
+    return problems
+
+
+def clean_tp_sizes(plan: LoadPlan, sizes=(1, 2, 4, 8), *, expert_parallel: bool = False) -> list[int]:
+    return [tp for tp in sizes if not split_problems(plan, tp, expert_parallel=expert_parallel)]

@@ -1,0 +1,57 @@
+"""Tensor-parallel split check: which TP sizes cut a quantized row-parallel weight inside its blocks."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from glm5_shim.gguf.config import build_hf_config
+from glm5_shim.gguf.fixture import make_tiny
+from glm5_shim.gguf.inspect import inspect_report
+from glm5_shim.gguf.load_plan import KEEP, REQUANTIZE, plan_load
+from glm5_shim.gguf.reader import open_gguf
+from glm5_shim.gguf.tp_split import clean_tp_sizes, split_problems
+
+
+def _plan(tensors):
+    """A stand-in LoadPlan: (gguf name, action, type, numpy shape) per tensor."""
+    return SimpleNamespace(tensors=[SimpleNamespace(gguf_name=n, action=a, info=SimpleNamespace(type_name=t, shape=s))
+                                    for n, a, t, s in tensors])
+
+
+def test_glm5_real_widths_split_at_tp8_but_not_16():
+    # GLM-5: o_proj rows 64 heads x 256 = 16384, dense down 12288, shared and routed expert down 2048 (8 Q4_K blocks)
+    plan = _plan([("blk.0.attn_output.weight", KEEP, "Q4_K", (6144, 16384)),
+                  ("blk.0.ffn_down.weight", KEEP, "Q6_K", (6144, 12288)),
+                  ("blk.3.ffn_down_shexp.weight", KEEP, "Q4_K", (6144, 2048)),
+                  ("blk.3.ffn_down_exps.weight", KEEP, "IQ2_XXS", (256, 6144, 2048)),
+                  ("blk.3.ffn_up_exps.weight", KEEP, "IQ2_XXS", (256, 2048, 6144))])  # column-parallel: rows
+    assert clean_tp_sizes(plan, (1, 2, 4, 8, 16)) == [1, 2, 4, 8]
+    problems = split_problems(plan, 16)
+    assert [p.tensor for p in problems] == ["blk.3.ffn_down_shexp.weight", "blk.3.ffn_down_exps.weight"]
+    assert problems[1].blocks == 8 and problems[1].is_expert
+
+
+def test_expert_parallel_exempts_only_routed_experts_and_float_rows_never_break():
+    plan = _plan([("blk.3.ffn_down_shexp.weight", KEEP, "Q4_K", (256, 512)),  # 2 blocks
+                  ("blk.3.ffn_down_exps.weight", KEEP, "Q4_K", (8, 256, 256)),  # 1 block
+                  ("blk.3.ffn_down.weight", "dequantize", "Q4_K", (256, 256)),  # becomes float: split by values
+                  ("blk.4.ffn_down_exps.weight", REQUANTIZE, "F16", (8, 256, 32))])  # re-quantized to Q8_0: 1 block
+    assert [p.tensor for p in split_problems(plan, 2)] == ["blk.3.ffn_down_exps.weight", "blk.4.ffn_down_exps.weight"]
+    assert split_problems(plan, 2, expert_parallel=True) == []
+    assert [p.tensor for p in split_problems(plan, 4, expert_parallel=True)] == ["blk.3.ffn_down_shexp.weight"]
+    line = split_problems(plan, 2)[1].line("m.gguf")
+    assert line.startswith("m.gguf: tensor blk.4.ffn_down_exps.weight (Q8_0, 32 values a block) cannot be split for "
+                           "--tensor-parallel-size 2: each row is 1 block(s), expected a multiple of 2")
+
+
+@pytest.mark.parametrize("quant, clean", [("Q8_0", [1, 2, 4, 8]), ("Q4_K", [1]), ("F16", [1, 2, 4, 8])])
+def test_tiny_files(tmp_path, quant, clean):
+    """The generator's tiny models (FFN rows of 256/512 values): Q8_0 splits up to TP 8, Q4_K at TP 1 only (the
+    shared expert's 256-value rows are one block); F16 experts are re-quantized to Q8_0 and split like Q8_0."""
+    path = make_tiny(tmp_path / "m.gguf", quant=quant, layers=2, write_reference=False)[0]
+    model = open_gguf(path)
+    assert clean_tp_sizes(plan_load(model, build_hf_config(model))) == clean
+    report = inspect_report(path)
+    assert report["tp_split"]["clean"] == clean
+    assert sorted(report["tp_split"]["first_problem"]) == [str(tp) for tp in (1, 2, 4, 8) if tp not in clean]
