@@ -39,7 +39,18 @@ has_flag() { local f; for f in "${@:2}"; do [[ "$f" == "$1" || "$f" == "$1="* ]]
 recommended=()
 # The DSA indexer reserves a prefill workspace of max_model_len x 40 x 132 B and a decode logits buffer per
 # request of max_model_len x 4 B: a modest context keeps start-up memory sane.  Pass your own to change it.
-has_flag --max-model-len "$@" || recommended+=(--max-model-len "${GLM5_MAX_MODEL_LEN:-32768}")
+# A model whose own context is shorter gets its own (vLLM refuses a max-model-len above it).  probe.py is loaded
+# alone: it only needs the standard library, so this costs ~30 ms, not an import of the package.
+if ! has_flag --max-model-len "$@"; then
+  max_len="${GLM5_MAX_MODEL_LEN:-32768}"
+  ctx=$(python3 -c 'import importlib.util as u, sys
+s = u.spec_from_file_location("glm5_probe", sys.argv[1]); m = u.module_from_spec(s); s.loader.exec_module(m)
+print(m.context_length(sys.argv[2]) or "")' "${_glm5_shim_root}/glm5_shim/gguf/probe.py" "$model" 2>/dev/null || true)
+  if [[ -z "${GLM5_MAX_MODEL_LEN:-}" && "$ctx" =~ ^[0-9]+$ && "$ctx" -lt "$max_len" ]]; then
+    max_len="$ctx"
+  fi
+  recommended+=(--max-model-len "$max_len")
+fi
 # FlashInfer's sampler JIT-compiles with nvcc at run time; without a CUDA toolkit use the PyTorch sampler.
 if ! command -v nvcc >/dev/null 2>&1 && [[ -z "${VLLM_USE_FLASHINFER_SAMPLER:-}" ]]; then
   export VLLM_USE_FLASHINFER_SAMPLER=0

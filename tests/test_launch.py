@@ -56,3 +56,15 @@ def test_missing_model_is_one_clear_line(tmp_path: pathlib.Path):
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "nope.gguf" in proc.stderr
+
+
+def test_default_max_model_len_is_capped_by_the_models_own_context(tmp_path: pathlib.Path):
+    """vLLM refuses a --max-model-len above the model's context: a GGUF with a short one gets its own."""
+    from glm5_shim.gguf.fixture import make_tiny
+
+    model = make_tiny(tmp_path / "tiny.gguf", layers=2, write_reference=False)[0]  # context_length 8192
+    env = _fake_vllm(tmp_path)
+    subprocess.run([str(LAUNCH), str(model)], env=env, check=True)
+    assert (tmp_path / "args.txt").read_text().split("\n")[:4] == ["serve", str(model), "--max-model-len", "8192"]
+    subprocess.run([str(LAUNCH), str(model)], env=dict(env, GLM5_MAX_MODEL_LEN="4096"), check=True)
+    assert (tmp_path / "args.txt").read_text().split("\n")[2:4] == ["--max-model-len", "4096"]

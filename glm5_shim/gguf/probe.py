@@ -86,6 +86,39 @@ def is_gguf_file(path: str | os.PathLike) -> bool:
         return False
 
 
+def gguf_scalar_keys(path: str | os.PathLike, wanted: set[str]) -> dict[str, Any]:
+    """The string / uint32 values of the `wanted` keys among a local GGUF's first entries ({} when unreadable).
+    Never raises."""
+    found: dict[str, Any] = {}
+    try:
+        with open(path, "rb") as f:
+            cursor = HeaderCursor(f)
+            if cursor.take(4, "magic") != GGUF_MAGIC or cursor.u32("version") < 2:
+                return {}
+            cursor.u64("tensor_count")
+            kv_count = cursor.u64("kv_count")
+            for i in range(min(kv_count, _MAX_KEYS_SCANNED)):
+                key = cursor.string(f"key #{i}")
+                value = cursor.skip_value(cursor.u32(key), key)
+                if key in wanted and value is not None:
+                    found[key] = value
+                    if len(found) == len(wanted):
+                        break
+    except (OSError, ShortRead, struct.error):
+        pass
+    return found
+
+
+def context_length(path: str | os.PathLike) -> int | None:
+    """`<arch>.context_length` of a local GGUF (None when unreadable or absent).  launch.sh caps its default
+    --max-model-len with it: vLLM refuses a max-model-len above the model's context."""
+    arch = gguf_architecture(path)
+    if arch is None:
+        return None
+    value = gguf_scalar_keys(path, {f"{arch}.context_length"}).get(f"{arch}.context_length")
+    return value if isinstance(value, int) else None
+
+
 def gguf_architecture(path: str | os.PathLike) -> str | None:
     """`general.architecture` of a local GGUF file, or None when it is not a readable GGUF or the key is absent
     from the first entries.  Never raises."""
@@ -107,3 +140,4 @@ def gguf_architecture(path: str | os.PathLike) -> str | None:
     except (OSError, ShortRead, struct.error):
         return None
     return None
+
