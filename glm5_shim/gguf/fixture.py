@@ -226,11 +226,12 @@ def random_hf_weights(config: dict[str, Any], seed: int, *, residual_scale: floa
     expert down_proj). At 1.0 a random model is chaotic: the residual stream grows layer after layer, and a
     bf16 rounding that flips one MoE route or one indexer pick changes the next token (top-1 agreement of
     bf16 vs float32 is ~78%), so two correct implementations cannot be compared token by token.
-    bigram_gain adds gain * embed[t] to lm_head row perm(t) (a fixed permutation of the ordinary tokens),
-    (bigram_tokens: the ids it permutes, by default all), so the next-token choice has a margin the layers modulate rather than decide. Measured with the float32
-    reference (16 heads, 3 layers, ~900-token prompt): residual_scale 0.05 and bigram_gain 1.0 give a top-1
-    margin of >= 0.5 nats at 99% of positions, bf16-vs-float32 top-1 agreement 99.9%, and attention still
-    matters: dense instead of top-128 sparse attention moves the top-1 log-probability by 0.135 nats (median).
+    bigram_gain adds gain * embed[t] to lm_head row perm(t), perm a fixed permutation of bigram_tokens (the ids
+    of ordinary tokens; by default all), so the next-token choice has a margin the layers modulate rather than
+    decide. Measured with the float32 reference (16 heads, 3 layers, ~900-token prompt): residual_scale 0.05 and
+    bigram_gain 1.0 give a top-1 margin of >= 0.5 nats at 99% of positions, bf16-vs-float32 top-1 agreement
+    99.9%, and attention still matters: dense instead of top-128 sparse attention moves the top-1 log-probability
+    by 0.135 nats (median).
     """
     rng = np.random.default_rng(seed)
     weights = {}

@@ -39,6 +39,18 @@ class PlannedTensor:
     def gguf_name(self) -> str:
         return self.info.name
 
+    @property
+    def vllm_type(self) -> str | None:
+        """The GGML type name vLLM receives this tensor as (F32 for everything the loader makes float); None when
+        the loader skips it."""
+        if self.action == SKIP or self.hf_name is None:
+            return None
+        if self.action in (KEEP, FLOAT):
+            return self.info.type_name
+        if self.action == REQUANTIZE:
+            return REQUANTIZE_TYPE
+        return "F32"
+
 
 @dataclass
 class LoadPlan:
@@ -54,19 +66,7 @@ class LoadPlan:
 
     def weight_types(self) -> dict[str, str]:
         """HF weight name → GGML type name as vLLM should see it (float for everything the loader makes float)."""
-        out: dict[str, str] = {}
-        for t in self.tensors:
-            if t.action in (SKIP,) or t.hf_name is None:
-                continue
-            if t.action == KEEP:
-                out[t.hf_name] = t.info.type_name
-            elif t.action == REQUANTIZE:
-                out[t.hf_name] = REQUANTIZE_TYPE
-            elif t.action == FLOAT:
-                out[t.hf_name] = t.info.type_name
-            else:
-                out[t.hf_name] = "F32"
-        return out
+        return {t.hf_name: t.vllm_type for t in self.tensors if t.vllm_type is not None}
 
     def unquantized_modules(self) -> list[str]:
         """Module prefixes vLLM must build unquantized (what its GGUF loader derives from F32/F16/BF16 weights)."""

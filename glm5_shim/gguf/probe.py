@@ -122,22 +122,7 @@ def context_length(path: str | os.PathLike) -> int | None:
 def gguf_architecture(path: str | os.PathLike) -> str | None:
     """`general.architecture` of a local GGUF file, or None when it is not a readable GGUF or the key is absent
     from the first entries.  Never raises."""
-    try:
-        if not Path(path).is_file():
-            return None
-        with open(path, "rb") as f:
-            cursor = HeaderCursor(f)
-            if cursor.take(4, "magic") != GGUF_MAGIC or cursor.u32("version") < 2:
-                return None
-            cursor.u64("tensor_count")
-            kv_count = cursor.u64("kv_count")
-            for i in range(min(kv_count, _MAX_KEYS_SCANNED)):
-                key = cursor.string(f"key #{i}")
-                value_type = cursor.u32(key)
-                if key == "general.architecture" and value_type == STRING:
-                    return cursor.string(key)
-                cursor.skip_value(value_type, key)
-    except (OSError, ShortRead, struct.error):
+    if not Path(path).is_file():
         return None
-    return None
-
+    arch = gguf_scalar_keys(path, {"general.architecture"}).get("general.architecture")
+    return arch if isinstance(arch, str) else None

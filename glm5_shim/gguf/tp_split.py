@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import gguf
 
-from .load_plan import DEQUANTIZE, FLOAT, KEEP, KV_B, REQUANTIZE, REQUANTIZE_TYPE, LoadPlan
+from .load_plan import LoadPlan
 
 # GGUF tensor name endings vLLM splits along the input dimension (the packed row).
 ROW_PARALLEL_SUFFIXES = ("attn_output.weight", "ffn_down.weight", "ffn_down_shexp.weight")
@@ -43,17 +43,6 @@ class SplitProblem:
                 f"{self.tp} (vLLM would cut blocks apart and compute with wrong weights)")
 
 
-def _final_type(action: str, type_name: str) -> str | None:
-    """The GGML type vLLM receives for a tensor the plan treats this way; None when it gets float values."""
-    if action == KEEP:
-        return type_name
-    if action == REQUANTIZE:
-        return REQUANTIZE_TYPE
-    if action in (FLOAT, DEQUANTIZE, KV_B):
-        return None
-    return None  # skip
-
-
 def split_problems(plan: LoadPlan, tp: int, *, expert_parallel: bool = False) -> list[SplitProblem]:
     """Every row-parallel quantized tensor whose rows do not split into whole blocks at tensor-parallel size `tp`."""
     if tp <= 1:
@@ -64,10 +53,10 @@ def split_problems(plan: LoadPlan, tp: int, *, expert_parallel: bool = False) ->
         is_expert = name.endswith(EXPERT_ROW_PARALLEL_SUFFIX)
         if not (is_expert or name.endswith(ROW_PARALLEL_SUFFIXES)) or (is_expert and expert_parallel):
             continue
-        type_name = _final_type(t.action, t.info.type_name)
+        type_name = t.vllm_type
         if type_name is None:
             continue
-        block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]][0]
+        block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]][0]  # 1 for float types
         row = t.info.shape[-1]
         if block > 1 and (row // block) % tp:
             problems.append(SplitProblem(name, type_name, row, block, tp, is_expert))

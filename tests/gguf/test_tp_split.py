@@ -8,14 +8,14 @@ import pytest
 from glm5_shim.gguf.config import build_hf_config
 from glm5_shim.gguf.fixture import make_tiny
 from glm5_shim.gguf.inspect import inspect_report
-from glm5_shim.gguf.load_plan import KEEP, REQUANTIZE, plan_load
+from glm5_shim.gguf.load_plan import DEQUANTIZE, KEEP, REQUANTIZE, PlannedTensor, plan_load
 from glm5_shim.gguf.reader import open_gguf
 from glm5_shim.gguf.tp_split import clean_tp_sizes, split_problems
 
 
 def _plan(tensors):
     """A stand-in LoadPlan: (gguf name, action, type, numpy shape) per tensor."""
-    return SimpleNamespace(tensors=[SimpleNamespace(gguf_name=n, action=a, info=SimpleNamespace(type_name=t, shape=s))
+    return SimpleNamespace(tensors=[PlannedTensor(SimpleNamespace(name=n, type_name=t, shape=s), None, a, "hf")
                                     for n, a, t, s in tensors])
 
 
@@ -35,7 +35,7 @@ def test_glm5_real_widths_split_at_tp8_but_not_16():
 def test_expert_parallel_exempts_only_routed_experts_and_float_rows_never_break():
     plan = _plan([("blk.3.ffn_down_shexp.weight", KEEP, "Q4_K", (256, 512)),  # 2 blocks
                   ("blk.3.ffn_down_exps.weight", KEEP, "Q4_K", (8, 256, 256)),  # 1 block
-                  ("blk.3.ffn_down.weight", "dequantize", "Q4_K", (256, 256)),  # becomes float: split by values
+                  ("blk.3.ffn_down.weight", DEQUANTIZE, "Q4_K", (256, 256)),  # becomes float: split by values
                   ("blk.4.ffn_down_exps.weight", REQUANTIZE, "F16", (8, 256, 32))])  # re-quantized to Q8_0: 1 block
     assert [p.tensor for p in split_problems(plan, 2)] == ["blk.3.ffn_down_exps.weight", "blk.4.ffn_down_exps.weight"]
     assert split_problems(plan, 2, expert_parallel=True) == []
