@@ -33,7 +33,8 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -57,7 +58,6 @@ class Arm:
     log: Path | None = None
     model: str = ""
     startup_s: float = 0.0
-    results: dict = field(default_factory=dict)
 
     @property
     def base(self) -> str:
@@ -81,14 +81,19 @@ def all_arms() -> list[Arm]:
 
 # --- prompts -------------------------------------------------------------------------------------------
 
-def words(n: int, seed: int) -> str:
+@lru_cache(maxsize=1)
+def _corpus_words() -> list[str]:
     from glm5_shim.gguf._tiny_corpus import TINY_CORPUS
 
-    vocab = sorted({w for w in TINY_CORPUS.split() if w.isalpha()})
+    return sorted({w for w in TINY_CORPUS.split() if w.isalpha()})
+
+
+def words(n: int, seed: int) -> str:
     rng = random.Random(seed)
-    return " ".join(rng.choice(vocab) for _ in range(n))
+    return " ".join(rng.choice(_corpus_words()) for _ in range(n))
 
 
+@lru_cache(maxsize=1)
 def prompts() -> dict[str, str]:
     """Below index_topk (128) and far above it, so that attention is dense for some and truly sparse for most."""
     return {"short": "Hello, my name is", "below_topk": words(40, 1), "sparse_600": words(450, 2),
@@ -174,6 +179,12 @@ def client(arm: Arm):
     return OpenAI(base_url=arm.base + "/v1", api_key="none", timeout=120, max_retries=0)
 
 
+def _ids_and_tops(logprob_tokens, logprob_tops) -> tuple[list[int], list[dict]]:
+    ids = [int(t.split(":", 1)[1]) for t in logprob_tokens]
+    tops = [{k.split(":", 1)[1]: v for k, v in (t or {}).items()} for t in logprob_tops]
+    return ids, tops
+
+
 def greedy(arm: Arm, prompt: str, max_tokens: int = GEN_TOKENS, salt: str | None = None) -> dict:
     """Greedy completion with per-token log-probabilities, token ids and the prompt's own log-probabilities."""
     c = client(arm)
@@ -192,13 +203,20 @@ def greedy(arm: Arm, prompt: str, max_tokens: int = GEN_TOKENS, salt: str | None
         tok = d["prompt_token_ids"][pos]
         lp = entry.get(str(tok), entry.get(tok))
         prompt_lp.append(None if lp is None else lp["logprob"])
-    top = [{int(k.split(":", 1)[1]): v for k, v in t.items()} for t in ch.logprobs.top_logprobs]
+    _, top = _ids_and_tops(ch.logprobs.tokens, ch.logprobs.top_logprobs)
     return {"prompt_ids": d["prompt_token_ids"], "ids": d["token_ids"], "text": ch.text,
-            "logprobs": list(ch.logprobs.token_logprobs), "top": [{str(k): v for k, v in t.items()} for t in top],
+            "logprobs": list(ch.logprobs.token_logprobs), "top": top,
             "prompt_logprobs": prompt_lp, "finish_reason": ch.finish_reason}
 
 
 NEAR_TIE = 0.1  # nats: where the top two candidates are closer than this, either token is a right answer
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
 
 
 def top2_gap(top: dict) -> float:
@@ -211,9 +229,7 @@ def same_answer(before: dict, after_ids: list[int], after_top: list[dict] | None
     (top-2 gap < NEAR_TIE nats in either run): two correct engines, or one engine run twice with a different batch
     shape, may resolve a near-tie either way (vLLM's GGUF matmuls and indexer top-k are not batch-invariant)."""
     ids = before["ids"]
-    n = 0
-    while n < min(len(ids), len(after_ids)) and ids[n] == after_ids[n]:
-        n += 1
+    n = common_prefix(ids, after_ids)
     if n == len(ids) == len(after_ids):
         return {"same": True, "identical": n, "of": len(ids)}
     if n >= min(len(ids), len(after_ids)):
@@ -224,10 +240,6 @@ def same_answer(before: dict, after_ids: list[int], after_top: list[dict] | None
     return {"same": gap < NEAR_TIE, "identical": n, "of": len(ids), "gap_at_divergence": round(gap, 4)}
 
 
-def _ids_and_tops(logprob_tokens, logprob_tops) -> tuple[list[int], list[dict]]:
-    ids = [int(t.split(":", 1)[1]) for t in logprob_tokens]
-    tops = [{k.split(":", 1)[1]: v for k, v in (t or {}).items()} for t in logprob_tops]
-    return ids, tops
 
 
 def functional(arm: Arm) -> dict:
@@ -325,7 +337,7 @@ async def stream_one(session, arm: Arm, prompt_ids: list[int], max_tokens: int) 
     body = {"model": arm.model, "prompt": prompt_ids, "max_tokens": max_tokens, "temperature": 0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
-    stamps, usage, finish, text = [], None, None, []
+    stamps, usage, finish = [], None, None
     async with session.post(arm.base + "/v1/completions", json=body) as resp:
         if resp.status != 200:
             return {"error": f"HTTP {resp.status}: {(await resp.text())[:200]}"}
@@ -343,12 +355,11 @@ async def stream_one(session, arm: Arm, prompt_ids: list[int], max_tokens: int) 
                 # a token may decode to no text yet (a partial character); the chunk still marks its arrival
                 if ch.get("text") or (ch.get("finish_reason") and not stamps):
                     stamps.append(time.perf_counter())
-                    text.append(ch.get("text") or "")
                 finish = ch.get("finish_reason") or finish
     n = usage["completion_tokens"] if usage else 0
     if not stamps:
         return {"error": "no tokens", "n": n}
-    return {"n": n, "ttft": stamps[0] - t0, "end": stamps[-1] - t0,
+    return {"n": n, "ttft": stamps[0] - t0,
             "tpot": (stamps[-1] - stamps[0]) / max(n - 1, 1), "finish": finish, "ok": n == max_tokens}
 
 
@@ -366,7 +377,7 @@ async def _throughput(arm: Arm, concurrency: int, requests: int, in_len: int, ou
         async def run(p):
             async with sem:
                 return await stream_one(session, arm, p, out_len)
-        # warm-up: every batch size's first call JIT-compiles nothing new afterwards
+        # warm-up at this concurrency, so that the timed requests do not start on a cold batch size
         await asyncio.gather(*(stream_one(session, arm, p, 8) for p in work[:concurrency]))
         t0 = time.perf_counter()
         rows = await asyncio.gather(*(run(p) for p in work))
@@ -374,7 +385,7 @@ async def _throughput(arm: Arm, concurrency: int, requests: int, in_len: int, ou
     good = [r for r in rows if "error" not in r]
     out_tokens = sum(r["n"] for r in good)
     med = lambda xs: statistics.median(xs) if xs else float("nan")
-    p99 = lambda xs: sorted(xs)[min(len(xs) - 1, int(0.99 * len(xs)))] if xs else float("nan")
+    p99 = lambda xs: percentile99(sorted(xs)) if xs else float("nan")
     return {"concurrency": concurrency, "requests": requests, "in_len": in_len, "out_len": out_len,
             "errors": len(rows) - len(good), "wall_s": round(wall, 3), "output_tok_s": round(out_tokens / wall, 1),
             "input_tok_s": round(len(good) * in_len / wall, 1),
@@ -450,11 +461,12 @@ def reference_scores(results: dict, models: dict[str, str]) -> dict:
                 n_p = len(g["prompt_ids"])
                 gen_pos = range(n_p - 1, len(ids) - 1)  # logits at t predict token t+1
                 ref_gen = [lp[t, ids[t + 1]].item() for t in gen_pos]
-                ref_top1 = [int(lp[t].argmax()) for t in gen_pos]
+                top2 = [lp[t].topk(2) for t in gen_pos]
+                ref_top1 = [int(k.indices[0]) for k in top2]
                 dec = [abs(a - b) for a, b in zip(g["logprobs"], ref_gen)]
                 pre = [abs(g["prompt_logprobs"][t + 1] - lp[t, ids[t + 1]].item())
                        for t in range(n_p - 1) if g["prompt_logprobs"][t + 1] is not None]
-                top1_margin = [float((lp[t].topk(2).values[0] - lp[t].topk(2).values[1])) for t in gen_pos]
+                top1_margin = [float(k.values[0] - k.values[1]) for k in top2]
                 per_prompt[pname] = {
                     "decode_abs_diff": dec, "prefill_abs_diff": pre,
                     "top1_agree": sum(a == b for a, b in zip(g["ids"], ref_top1)), "positions": len(g["ids"]),
@@ -468,12 +480,16 @@ def reference_scores(results: dict, models: dict[str, str]) -> dict:
 
 # --- summaries ------------------------------------------------------------------------------------------
 
+def percentile99(sorted_xs: list[float]) -> float:
+    return sorted_xs[min(len(sorted_xs) - 1, int(0.99 * len(sorted_xs)))]
+
+
 def quantiles(xs: list[float]) -> dict:
     if not xs:
         return {"median": None, "mean": None, "p99": None, "max": None, "over_0.25": 0, "n": 0}
     s = sorted(xs)
     return {"median": round(statistics.median(s), 4), "mean": round(statistics.fmean(s), 4),
-            "p99": round(s[min(len(s) - 1, int(0.99 * len(s)))], 4), "max": round(s[-1], 4),
+            "p99": round(percentile99(s), 4), "max": round(s[-1], 4),
             "over_0.25": sum(x > 0.25 for x in s), "n": len(s)}
 
 
@@ -482,9 +498,7 @@ def greedy_agreement(a: dict, b: dict) -> dict:
     rows = {}
     for name in a:
         ia, ib = a[name]["ids"], b[name]["ids"]
-        n = 0
-        while n < min(len(ia), len(ib)) and ia[n] == ib[n]:
-            n += 1
+        n = common_prefix(ia, ib)
         diffs = [abs(x - y) for x, y in zip(a[name]["logprobs"][:n], b[name]["logprobs"][:n])]
         gap = None
         if n < min(len(ia), len(ib)) and "top" in a[name] and "top" in b[name]:
@@ -496,16 +510,18 @@ def greedy_agreement(a: dict, b: dict) -> dict:
     return rows
 
 
+def shim_native_pairs(names) -> list[tuple[str, str, str]]:
+    """(tag, shim arm, native arm) for every tag both paths have among `names`: shim-q80-bf16 ↔ native-q80-bf16."""
+    names = set(names)
+    return [(n[len("shim-"):], n, "native-" + n[len("shim-"):]) for n in sorted(names)
+            if n.startswith("shim-") and "native-" + n[len("shim-"):] in names]
+
+
 def summarize(results: dict) -> None:
     arms = results["arms"]
-    pairs = {}
-    for name, res in arms.items():
-        if not name.startswith("shim-") or "functional" not in res:
-            continue
-        other = "native-" + name[len("shim-"):]
-        if other in arms and "functional" in arms[other]:
-            pairs[name[len("shim-"):]] = greedy_agreement(res["functional"]["greedy"], arms[other]["functional"]["greedy"])
-    results["agreement"] = pairs
+    served = [n for n, res in arms.items() if "functional" in res]
+    results["agreement"] = {tag: greedy_agreement(arms[s]["functional"]["greedy"], arms[n]["functional"]["greedy"])
+                            for tag, s, n in shim_native_pairs(served)}
     ref = results.get("reference", {})
     results["reference_summary"] = {
         arm: {"decode": quantiles([d for p in per.values() for d in p["decode_abs_diff"]]),
@@ -524,12 +540,8 @@ def summarize(results: dict) -> None:
         for key, rows in by_key.items():
             warm = [r for r in rows if r.get("pass") not in (1, None)] or rows
             tp.setdefault(name, {})[key] = statistics.fmean(r["output_tok_s"] for r in warm)
-    ratios = {}
-    for name in tp:
-        if name.startswith("shim-") and "native-" + name[5:] in tp:
-            nat = tp["native-" + name[5:]]
-            ratios[name[5:]] = {c: round(tp[name][c] / nat[c], 3) for c in tp[name] if c in nat and nat[c]}
-    results["throughput_ratio"] = ratios
+    results["throughput_ratio"] = {tag: {c: round(tp[s][c] / tp[n][c], 3) for c in tp[s] if tp[n].get(c)}
+                                   for tag, s, n in shim_native_pairs(tp)}
 
 
 def report(results: dict) -> str:
@@ -651,21 +663,18 @@ def run_all(args) -> int:
         save()
         print(f"[e2e] ready: {[a.name for a in ready]}", flush=True)
 
-        def func(arm):
-            try:
-                results["arms"][arm.name]["functional"] = functional(arm)
-            except Exception as exc:  # noqa: BLE001 - recorded, the other arms go on
-                results["arms"][arm.name]["error"] = f"functional: {exc!r}"[:1500]
-        with ThreadPoolExecutor(len(ready) or 1) as pool:
-            list(pool.map(func, ready))
+        def on_every_arm(step, key, error_key):
+            """Run step(arm) on every ready arm at once; a failure is recorded and the other arms go on."""
+            def one(arm):
+                try:
+                    results["arms"][arm.name][key] = step(arm)
+                except Exception as exc:  # noqa: BLE001
+                    results["arms"][arm.name][error_key] = f"{key}: {exc!r}"[:1500]
+            with ThreadPoolExecutor(len(ready) or 1) as pool:
+                list(pool.map(one, ready))
 
-        def rep(arm):
-            try:
-                results["arms"][arm.name]["repeatability"] = repeatability(arm)
-            except Exception as exc:  # noqa: BLE001
-                results["arms"][arm.name]["repeatability_error"] = repr(exc)[:500]
-        with ThreadPoolExecutor(len(ready) or 1) as pool:
-            list(pool.map(rep, ready))
+        on_every_arm(functional, "functional", "error")
+        on_every_arm(repeatability, "repeatability", "repeatability_error")
         save()
         print("[e2e] functional done", flush=True)
 

@@ -35,6 +35,11 @@ def error(message: str, status: int = 400) -> web.Response:
                                         "code": status}}, status=status)
 
 
+def token_name(body: dict):
+    """How a token is named in log-probabilities: `token_id:N` with return_tokens_as_token_ids, else its text."""
+    return (lambda t: f"token_id:{t}") if body.get("return_tokens_as_token_ids") else (lambda t: f" w{t}")
+
+
 def prompt_ids(body: dict) -> list[int] | web.Response:
     prompt = body.get("prompt")
     ids = prompt if isinstance(prompt, list) else tokenize(prompt or "")
@@ -62,7 +67,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         for t, text in zip(out, texts):
             lp = None
             if body.get("logprobs") is not None:
-                name = (lambda x: f"token_id:{x}") if body.get("return_tokens_as_token_ids") else (lambda x: f" w{x}")
+                name = token_name(body)
                 lp = {"text_offset": [0], "token_logprobs": [-0.25], "tokens": [name(t)],
                       "top_logprobs": [{name(t): -0.25, name((t + 1) % VOCAB): -3.0}]}
             chunk = {"id": "x", "object": "text_completion", "created": 0, "model": MODEL,
@@ -79,8 +84,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         return resp
     choice = {"index": 0, "text": "".join(texts), "finish_reason": "length", "stop_reason": None}
     if body.get("logprobs") is not None:
-        as_ids = body.get("return_tokens_as_token_ids")
-        name = (lambda t: f"token_id:{t}") if as_ids else (lambda t: f" w{t}")
+        name = token_name(body)
         choice["logprobs"] = {"text_offset": list(range(n)), "token_logprobs": [-0.25] * n,
                               "tokens": [name(t) for t in out],
                               "top_logprobs": [{name(t): -0.25, name((t + 1) % VOCAB): -3.0} for t in out]}
@@ -116,7 +120,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     n = body.get("max_tokens") or 16
     out = generate(ids, n)
     text = "".join(f" w{t}" for t in out)
-    name = (lambda x: f"token_id:{x}") if body.get("return_tokens_as_token_ids") else (lambda x: f" w{x}")
+    name = token_name(body)
 
     def logprobs(tokens):
         if not body.get("logprobs"):

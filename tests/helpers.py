@@ -67,3 +67,16 @@ import vllm.platforms as _platforms
 from vllm.platforms.cpu import CpuPlatform as _CpuPlatform
 _platforms._current_platform = _CpuPlatform()
 """
+
+
+def bench_module(name: str):
+    """Import bench/<name>.py (a script directory, not a package) once, under its own module name."""
+    import importlib.util
+
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module

@@ -6,7 +6,6 @@ that the harness parses vLLM's response shapes, counts what it claims to count a
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import socket
 import subprocess
 import sys
@@ -14,13 +13,10 @@ import time
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, bench_module
 from tests import fake_openai_server as fake
 
-spec = importlib.util.spec_from_file_location("e2e", REPO / "bench" / "e2e.py")
-e2e = importlib.util.module_from_spec(spec)
-sys.modules["e2e"] = e2e  # dataclasses look their module up by name
-spec.loader.exec_module(e2e)
+e2e = bench_module("e2e")
 
 
 def free_port() -> int:

@@ -3,12 +3,9 @@ in its transformers-5 step).  The reference scored against its own greedy tokens
 top-1 agreement; a served log-probability that is off by 0.5 and a token that is not the reference's top-1 show."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import bench_module
 
 transformers = pytest.importorskip("transformers")
 if not hasattr(transformers, "GlmMoeDsaForCausalLM"):
@@ -16,10 +13,7 @@ if not hasattr(transformers, "GlmMoeDsaForCausalLM"):
                 "step)", allow_module_level=True)
 import torch  # noqa: E402
 
-spec = importlib.util.spec_from_file_location("e2e", REPO / "bench" / "e2e.py")
-e2e = importlib.util.module_from_spec(spec)
-sys.modules["e2e"] = e2e
-spec.loader.exec_module(e2e)
+e2e = bench_module("e2e")
 
 
 def test_reference_scores_its_own_tokens_exactly_and_sees_a_wrong_one(tmp_path):

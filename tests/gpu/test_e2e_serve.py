@@ -18,7 +18,6 @@ it is at a near-tie (top-2 gap < e2e.NEAR_TIE nats in one of them): either token
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -27,14 +26,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, bench_module
 
 pytestmark = pytest.mark.gpu
 
-spec = importlib.util.spec_from_file_location("e2e", REPO / "bench" / "e2e.py")
-e2e = importlib.util.module_from_spec(spec)
-sys.modules["e2e"] = e2e
-spec.loader.exec_module(e2e)
+e2e = bench_module("e2e")
 
 
 @pytest.fixture(scope="module")
