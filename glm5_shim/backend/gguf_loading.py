@@ -13,16 +13,15 @@ _plans: dict[tuple, object] = {}
 
 
 def load_plan_for(path: str | os.PathLike):
-    from glm5_shim.backend.hf_config import file_version
+    from glm5_shim.backend.hf_config import file_version, gguf_model
     from glm5_shim.gguf.config import build_hf_config
     from glm5_shim.gguf.load_plan import plan_load
-    from glm5_shim.gguf.reader import open_gguf
 
     key = file_version(path)
     with _lock:
         if key in _plans:
             return _plans[key]
-    model = open_gguf(key[0])
+    model = gguf_model(path)
     plan = plan_load(model, build_hf_config(model))
     for note in plan.notes:
         logger.info("glm5-shim: %s", note)
@@ -55,5 +54,8 @@ def load_glm_weights(model, path: str | os.PathLike, load_config) -> None:
 
 
 def _forget_plans() -> None:
+    from glm5_shim.backend.hf_config import forget_gguf_models
+
     with _lock:
         _plans.clear()
+    forget_gguf_models()

@@ -16,6 +16,7 @@ GLM_GGUF_ARCH = "glm-dsa"
 _lock = threading.Lock()
 _class = None
 _cache: dict[tuple, object] = {}
+_models: dict[tuple, object] = {}  # parsed GGUF headers, shared by the config and the load plan
 
 
 def glm_moe_dsa_config_class():
@@ -77,6 +78,26 @@ def file_version(path: str | os.PathLike) -> tuple[str, int, int]:
     return (str(p), st.st_size, st.st_mtime_ns)
 
 
+def gguf_model(path: str | os.PathLike):
+    """open_gguf once per file version and process: a real GLM-5 header (154,880-token vocabulary) takes seconds
+    to parse, and the config, the TP split check and the load plan all need it.  forget_gguf_models() drops them."""
+    key = file_version(path)
+    with _lock:
+        if key in _models:
+            return _models[key]
+    from glm5_shim.gguf.reader import open_gguf
+
+    model = open_gguf(path)  # the name as given: error messages name the file the user passed
+    with _lock:
+        _models[key] = model
+    return model
+
+
+def forget_gguf_models() -> None:
+    with _lock:
+        _models.clear()
+
+
 def config_dict_from_gguf(path: str | os.PathLike) -> dict:
     """Validated HF config fields of a glm-dsa GGUF (cached per file version).  A bad file raises GGUFError,
     one line naming the file and the tensor or key, before anything touches a GPU."""
@@ -85,10 +106,9 @@ def config_dict_from_gguf(path: str | os.PathLike) -> dict:
         if key in _cache:
             return dict(_cache[key])
     from glm5_shim.gguf.config import build_hf_config
-    from glm5_shim.gguf.reader import open_gguf
     from glm5_shim.gguf.validate import ERROR, validate_model
 
-    model = open_gguf(path)
+    model = gguf_model(path)
     findings = validate_model(model)
     errors = [f for f in findings if f.level == ERROR]
     if errors:

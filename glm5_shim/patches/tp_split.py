@@ -18,6 +18,10 @@ def check_tp_split(vllm_config) -> None:
     model_config = vllm_config.model_config
     if getattr(getattr(model_config, "hf_config", None), "model_type", None) != "glm_moe_dsa":
         return
+    parallel = vllm_config.parallel_config
+    tp, ep = parallel.tensor_parallel_size, bool(parallel.enable_expert_parallel)
+    if tp <= 1:
+        return  # nothing is split
     from glm5_shim.backend.hf_config import is_glm_dsa_gguf
 
     if not is_glm_dsa_gguf(model_config.model):
@@ -26,8 +30,6 @@ def check_tp_split(vllm_config) -> None:
     from glm5_shim.gguf.errors import GGUFError
     from glm5_shim.gguf.tp_split import clean_tp_sizes, split_problems
 
-    parallel = vllm_config.parallel_config
-    tp, ep = parallel.tensor_parallel_size, bool(parallel.enable_expert_parallel)
     plan = load_plan_for(model_config.model)
     problems = split_problems(plan, tp, expert_parallel=ep)
     if not problems:
