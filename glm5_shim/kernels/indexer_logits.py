@@ -91,7 +91,9 @@ def _head_reduce(k_op, qt_op, w, BLOCK_N: tl.constexpr, G: tl.constexpr, H: tl.c
 # ----------------------------------------------------------------------------------------------------------------
 
 
-@triton.jit
+# Row count, key count and split count change with every prefill; they enter masks and loop bounds only, so they
+# are not specialised (one compiled variant instead of one per "== 1 / % 16 / other" class, compiled mid-serving).
+@triton.jit(do_not_specialize=["M", "N", "n_split"])
 def _mqa_logits_kernel(
     q_ptr, stride_qm, stride_qh,      # q [M, H, D] e4m3 (float8e4nv pointer if NATIVE, else uint8), d contiguous
     k_ptr, stride_kn,                 # k [N, D] e4m3 (same typing), d contiguous
@@ -170,7 +172,7 @@ def _chunk_tile_counts(lens_ptr, c, B, stride_lb, stride_lj, lens_1d, next_n, ma
     return tl.cdiv(tl.maximum(lmax, 0), BLOCK_N).to(tl.int64)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["B"])
 def _paged_mqa_logits_kernel(
     q_ptr, stride_qb, stride_qn, stride_qh,   # q [B, next_n, H, D] e4m3 (float8e4nv ptr if NATIVE, else uint8)
     w_ptr, stride_wr,                         # fp32 [B * next_n, H]
@@ -269,7 +271,7 @@ def _paged_mqa_logits_kernel(
 # ----------------------------------------------------------------------------------------------------------------
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["ncols"])
 def _fill_outside_kernel(out_ptr, stride_or, lo_ptr, hi_ptr, ncols, HAS_LO: tl.constexpr, BLOCK: tl.constexpr):
     r = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)

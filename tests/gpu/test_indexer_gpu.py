@@ -217,3 +217,27 @@ def test_prefill_vs_deepgemm():
         e_ours = _check(ours, want, bound, clean=False, what="ours")
         print(f"\nprefill H={heads}: |ours-DeepGEMM|/bound max {diff:.2e}; error/tol ours {e_ours:.3f}")
         assert diff <= 2 * RTOL_BOUND
+
+
+def _variants(kernel):
+    return len(kernel.device_caches[torch.cuda.current_device()][0])
+
+
+def test_prefill_shapes_do_not_multiply_compiled_variants():
+    # a server sees every row and key count; each one used to be a new "== 1 / % 16 / other" variant compiled on
+    # first use (a stall of about a second in the middle of serving).  Only the output row stride (= N) still
+    # matters for alignment: at most its two classes.
+    g = torch.Generator().manual_seed(77)
+    k8, ksc = ref.make_indexer_k(1100, generator=g)
+    q8, w = ref.make_indexer_qw(70, 32, generator=g)
+    k8, ksc, q8, w = k8.cuda(), ksc.cuda(), q8.cuda(), w.cuda()
+    il.mqa_logits((q8[:1], None), (k8[:16], ksc[:16]), w[:1], torch.zeros(1, dtype=torch.int32, device="cuda"),
+                  torch.full((1,), 16, dtype=torch.int32, device="cuda"), True)
+    before = _variants(il._mqa_logits_kernel), _variants(il._fill_outside_kernel)
+    for M in (1, 2, 16, 17, 33, 64, 70):
+        for N in (16, 17, 31, 32, 100, 1024, 1100):
+            ks = torch.zeros(M, dtype=torch.int32, device="cuda")
+            ke = torch.full((M,), N, dtype=torch.int32, device="cuda")
+            il.mqa_logits((q8[:M], None), (k8[:N], ksc[:N]), w[:M], ks, ke, True)
+    after = _variants(il._mqa_logits_kernel), _variants(il._fill_outside_kernel)
+    assert after[0] - before[0] <= 1 and after[1] - before[1] <= 1, (before, after)
