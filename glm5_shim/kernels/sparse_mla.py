@@ -17,11 +17,13 @@ Design (decode is what matters: one token, 78 layers):
 * The split count is a function of shapes and the SM count only (no host sync; CUDA-graph capturable).
 * Tiles of a token's list are dealt round-robin to the splits, so the ``-1`` tail of a short-context list is
   spread evenly instead of idling whole programs.
-* ``fp8_ds_mla``: the e4m3 latent is decoded to the query dtype without a multiply (integer bit trick that yields
-  value/256 on every target, or the sm_89+ ``cvt``), and the per-128 fp32 scales are folded into the fp32 scores
-  (QK) and into P (PV): ``4 * BLOCK_H`` multiplies per gathered row instead of 512.  The rope stays bf16.
+* ``fp8_ds_mla``: the e4m3 latent is decoded exactly into the query dtype: by the sm_89+ conversion (measured
+  fastest on the H200), below sm_89 by a packed PTX bit trick (a byte shifted into bf16's fields is the value times
+  2**-120; into fp16's, the value / 2**8).  The known power of two and the per-128 fp32 scales are folded into the
+  fp32 scores (QK) and into P (PV): ``4 * BLOCK_H`` multiplies per gathered row instead of 512.  The rope stays bf16.
 * Gather latency is hidden by double-buffered ``cp.async`` (bf16 cache, Triton's pipeliner at ``num_stages=5``)
-  or by a hand-written register prefetch of the next tile (fp8 cache, whose bytes Triton will not pipeline).
+  or by a hand-written register prefetch of the next tile (fp8 cache: Triton will not pipeline a load that feeds
+  both dots through the decode; SPLIT_LOADS makes it pipeline them, which measured slower on the H200).
 * All dots are 16-bit inputs with fp32 accumulation (mma.sync on sm_80-sm_120, wgmma on sm_90 when a program
   holds 64 heads); the online softmax runs in fp32 in the log2 domain.
 """
@@ -36,7 +38,8 @@ import torch
 import triton
 import triton.language as tl
 
-from glm5_shim.kernels.fp8 import e4m3_bytes_to_f32, native_fp8_supported
+from glm5_shim.kernels.fp8 import (e4m3_bytes_to_bf16_scaled, e4m3_bytes_to_bf16_scaled_ptx,
+                                   e4m3_bytes_to_f16_div256_ptx, e4m3_bytes_to_f32, native_fp8_supported)
 
 D_LATENT = 512
 D_ROPE = 64
@@ -45,6 +48,22 @@ D_V = 512
 FP8_ROW_BYTES = 656  # 512 e4m3 + 4 fp32 scales + 64 bf16
 FP8_SCALE_OFFSET = tl.constexpr(512)  # constexpr: read inside the kernel
 FP8_ROPE_OFFSET = tl.constexpr(528)
+# How a kernel turns e4m3 bytes into dot inputs of the query dtype (the FP8_DECODE constexpr) and the factor K_F the
+# decoded K is off by (folded back through the per-128 scales):
+#   "f32"      float32 (interpreter exactness path), K_F 1
+#   "cvt"      Triton's float8e4nv -> f16 conversion (sm_89+; for bf16 queries then f16 -> f32 -> bf16), K_F 1
+#   "f16bits"  integer bit trick to fp16 holding value / 2**8 (any target; bf16 queries: then -> f32 -> bf16), K_F 2**8
+#   "f16ptx"   the same result from four-bytes-at-a-time PTX (prmt + masks; GPU only)
+#   "bf16bits" integer bit trick to bf16 holding value * 2**-120 (bf16 queries, any target), K_F 2**-120
+#   "bf16ptx"  the same result from four-bytes-at-a-time PTX (GPU only)
+FP8_DECODES = ("f32", "cvt", "f16bits", "f16ptx", "bf16bits", "bf16ptx")
+NO_FP8_DECODE = "none"  # the constexpr's value for a bf16 cache (one compiled variant, whatever the override)
+# bf16 decodes: q's latent is lifted by 2**64 so q.k products stay far above fp32's underflow; scores get 2**56 and
+# P 2**96 (P * scale stays < 2**127 for scales below 2**31), the output 2**24 back: 64 + 56 = 96 + 24 = 120
+BF16_Q_F = tl.constexpr(2.0 ** 64)
+BF16_QK_F = tl.constexpr(2.0 ** 56)
+BF16_PV_F = tl.constexpr(2.0 ** 96)
+BF16_OUT_F = tl.constexpr(2.0 ** 24)
 SMEM_LIMIT_CONSUMER = 101376  # sm_120/121/89/86 opt-in maximum per block (bytes)
 MAX_SPLITS = 32
 KV_FORMATS = ("bf16", "fp8_ds_mla")
@@ -68,18 +87,25 @@ def _e4m3_to_f16_div256(x):
 
 
 @triton.jit
-def _decode_e4m3(raw, DT: tl.constexpr, FP8_NATIVE: tl.constexpr):
-    """e4m3 bytes -> DT.  The manual 16-bit decode yields value / 256 (the 256 is folded into the scales)."""
-    if DT == tl.float32:
+def _decode_e4m3(raw, DT: tl.constexpr, FP8_DECODE: tl.constexpr):
+    """e4m3 bytes -> DT by the method named in FP8_DECODE; the result is value / K_F (see FP8_DECODES), which the
+    callers fold back in through the per-128 scales."""
+    if FP8_DECODE == "f32":
         return e4m3_bytes_to_f32(raw)
-    elif FP8_NATIVE:
+    elif FP8_DECODE == "cvt":
         # e4m3 -> f16 is one cvt per pair on sm_89+; Triton's direct e4m3 -> bf16 emits cvt.bf16.f16, which
         # ptxas rejects below sm_90, so bf16 goes through f32
         h = raw.to(tl.float8e4nv, bitcast=True).to(tl.float16)
         if DT == tl.float16:
             return h
         return h.to(tl.float32).to(DT)
-    else:
+    elif FP8_DECODE == "f16ptx":
+        return e4m3_bytes_to_f16_div256_ptx(raw).to(DT)
+    elif FP8_DECODE == "bf16bits":
+        return e4m3_bytes_to_bf16_scaled(raw)
+    elif FP8_DECODE == "bf16ptx":
+        return e4m3_bytes_to_bf16_scaled_ptx(raw)
+    else:  # "f16bits"
         return _e4m3_to_f16_div256(raw).to(DT)
 
 
@@ -100,17 +126,27 @@ def _rows(idx, num_slots, block_size, stride_kb, stride_kr):
 
 
 @triton.jit
+def _load_latent(kv_ptr, row, valid, OTHER: tl.constexpr):
+    """The 512 latent values (bf16) or bytes (fp8) of the gathered rows as 4 x [BLOCK_N, 128]; masked rows read
+    OTHER (only to tell two otherwise identical loads apart, see SPLIT_LOADS: masked rows never contribute)."""
+    d = tl.arange(0, 128)
+    rp = kv_ptr + row
+    m2 = valid[:, None]
+    c0 = tl.load(rp[:, None] + d[None, :], mask=m2, other=OTHER)
+    c1 = tl.load(rp[:, None] + (128 + d)[None, :], mask=m2, other=OTHER)
+    c2 = tl.load(rp[:, None] + (256 + d)[None, :], mask=m2, other=OTHER)
+    c3 = tl.load(rp[:, None] + (384 + d)[None, :], mask=m2, other=OTHER)
+    return c0, c1, c2, c3
+
+
+@triton.jit
 def _load_tile(kv_ptr, row, valid, IS_FP8: tl.constexpr):
     """One tile of gathered rows, undecoded: 4 x [BLOCK_N, 128] latent chunks (values, or e4m3 bytes), [BLOCK_N, 64]
     rope and (fp8) 4 x [BLOCK_N] scales (bf16 cache: the scales are dummies)."""
-    d = tl.arange(0, 128)
     dr = tl.arange(0, 64)
     rp = kv_ptr + row
     m2 = valid[:, None]
-    c0 = tl.load(rp[:, None] + d[None, :], mask=m2, other=0)
-    c1 = tl.load(rp[:, None] + (128 + d)[None, :], mask=m2, other=0)
-    c2 = tl.load(rp[:, None] + (256 + d)[None, :], mask=m2, other=0)
-    c3 = tl.load(rp[:, None] + (384 + d)[None, :], mask=m2, other=0)
+    c0, c1, c2, c3 = _load_latent(kv_ptr, row, valid, 0)
     if IS_FP8:
         sp = (rp + FP8_SCALE_OFFSET).to(tl.pointer_type(tl.float32))
         s0 = tl.load(sp, mask=valid, other=0.0)
@@ -129,35 +165,44 @@ def _load_tile(kv_ptr, row, valid, IS_FP8: tl.constexpr):
 
 
 @triton.jit
-def _attend_tile(q0, q1, q2, q3, qr, c0, c1, c2, c3, kr, s0, s1, s2, s3, valid,
-                 m_i, l_i, acc0, acc1, acc2, acc3, sm_scale_log2,
-                 IS_FP8: tl.constexpr, FP8_NATIVE: tl.constexpr):
-    """Online-softmax update of (m, l, acc) with one gathered tile."""
+def _attend_tile(q0, q1, q2, q3, qr, c0, c1, c2, c3, v0, v1, v2, v3, kr, s0, s1, s2, s3, valid,
+                 m_i, l_i, g_i, acc0, acc1, acc2, acc3, sm_scale_log2,
+                 IS_FP8: tl.constexpr, FP8_DECODE: tl.constexpr):
+    """Online-softmax update of (m, l, g, acc) with one gathered tile: c* are the latent chunks for QK, v* the same
+    chunks for PV (the same values, possibly from a second load: SPLIT_LOADS).  ``g`` is the unit the fp8 cache
+    with fp16 queries keeps acc in (acc * g is the true sum); 1 elsewhere."""
     DT: tl.constexpr = q0.dtype
     # fp32 is the exactness check in tests; on a GPU keep it out of tf32
     PREC: tl.constexpr = "ieee" if DT == tl.float32 else "tf32"
     if IS_FP8:
-        # manual decode gives value/256; the 256 comes back through the scale
-        F: tl.constexpr = 1.0 if (FP8_NATIVE or DT == tl.float32) else 256.0
-        k0 = _decode_e4m3(c0, DT, FP8_NATIVE)
-        k1 = _decode_e4m3(c1, DT, FP8_NATIVE)
-        k2 = _decode_e4m3(c2, DT, FP8_NATIVE)
-        k3 = _decode_e4m3(c3, DT, FP8_NATIVE)
-        f0 = s0 * F
-        f1 = s1 * F
-        f2 = s2 * F
-        f3 = s3 * F
-        # the per-128 scales belong to KV rows = score columns: scale the partial dots, not the elements
-        s = tl.dot(q0, tl.trans(k0), input_precision=PREC) * f0[None, :]
-        s += tl.dot(q1, tl.trans(k1), input_precision=PREC) * f1[None, :]
-        s += tl.dot(q2, tl.trans(k2), input_precision=PREC) * f2[None, :]
-        s += tl.dot(q3, tl.trans(k3), input_precision=PREC) * f3[None, :]
-        s = tl.dot(qr, tl.trans(kr.to(DT)), s, input_precision=PREC)
+        # the decoded K is value / K_F (see FP8_DECODES); the factor comes back through the per-128 scales, which
+        # belong to KV rows = score columns: scale the partial dots and P's columns, never the elements
+        BF16_DECODE: tl.constexpr = (FP8_DECODE == "bf16bits") or (FP8_DECODE == "bf16ptx")
+        F16_BITS: tl.constexpr = (FP8_DECODE == "f16bits") or (FP8_DECODE == "f16ptx")
+        QK_F: tl.constexpr = 256.0 if F16_BITS else (BF16_QK_F if BF16_DECODE else 1.0)
+        PV_F: tl.constexpr = 256.0 if F16_BITS else (BF16_PV_F if BF16_DECODE else 1.0)
+        k0 = _decode_e4m3(c0, DT, FP8_DECODE)
+        k1 = _decode_e4m3(c1, DT, FP8_DECODE)
+        k2 = _decode_e4m3(c2, DT, FP8_DECODE)
+        k3 = _decode_e4m3(c3, DT, FP8_DECODE)
+        w0 = _decode_e4m3(v0, DT, FP8_DECODE)
+        w1 = _decode_e4m3(v1, DT, FP8_DECODE)
+        w2 = _decode_e4m3(v2, DT, FP8_DECODE)
+        w3 = _decode_e4m3(v3, DT, FP8_DECODE)
+        s = tl.dot(q0, tl.trans(k0), input_precision=PREC) * (s0 * QK_F)[None, :]
+        s += tl.dot(q1, tl.trans(k1), input_precision=PREC) * (s1 * QK_F)[None, :]
+        s += tl.dot(q2, tl.trans(k2), input_precision=PREC) * (s2 * QK_F)[None, :]
+        s += tl.dot(q3, tl.trans(k3), input_precision=PREC) * (s3 * QK_F)[None, :]
+        s = tl.dot(qr, tl.trans(kr.to(qr.dtype)), s, input_precision=PREC)
     else:
         k0 = c0
         k1 = c1
         k2 = c2
         k3 = c3
+        w0 = v0
+        w1 = v1
+        w2 = v2
+        w3 = v3
         s = tl.dot(q0, tl.trans(k0), input_precision=PREC)
         s = tl.dot(q1, tl.trans(k1), s, input_precision=PREC)
         s = tl.dot(q2, tl.trans(k2), s, input_precision=PREC)
@@ -171,25 +216,39 @@ def _attend_tile(q0, q1, q2, q3, qr, c0, c1, c2, c3, kr, s0, s1, s2, s3, valid,
     alpha = tl.exp2(m_i - m_use)
     p = tl.exp2(s - m_use[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
+    if IS_FP8 and DT == tl.float16:
+        # fp16 P has fp16's range: P * scale would leave it (subnormal) for small scales.  Scale P's columns by
+        # scale / g with g the tile's largest scale (so they stay <= 1) and keep acc in units of g: moving to a
+        # new unit is one more factor in the rescale acc already does.
+        g_tile = tl.maximum(tl.maximum(tl.max(s0, 0), tl.max(s1, 0)), tl.maximum(tl.max(s2, 0), tl.max(s3, 0)))
+        g_new = tl.where(g_tile > 0.0, g_tile * PV_F, g_i)
+        alpha = alpha * (g_i / g_new)
+        g_i = g_new
+        f_pv = PV_F / g_new
+    else:
+        f_pv = PV_F if IS_FP8 else 1.0
     acc0 = acc0 * alpha[:, None]
     acc1 = acc1 * alpha[:, None]
     acc2 = acc2 * alpha[:, None]
     acc3 = acc3 * alpha[:, None]
     if IS_FP8:
-        acc0 = tl.dot((p * f0[None, :]).to(DT), k0, acc0, input_precision=PREC)
-        acc1 = tl.dot((p * f1[None, :]).to(DT), k1, acc1, input_precision=PREC)
-        acc2 = tl.dot((p * f2[None, :]).to(DT), k2, acc2, input_precision=PREC)
-        acc3 = tl.dot((p * f3[None, :]).to(DT), k3, acc3, input_precision=PREC)
+        acc0 = tl.dot((p * (s0 * f_pv)[None, :]).to(DT), w0, acc0, input_precision=PREC)
+        acc1 = tl.dot((p * (s1 * f_pv)[None, :]).to(DT), w1, acc1, input_precision=PREC)
+        acc2 = tl.dot((p * (s2 * f_pv)[None, :]).to(DT), w2, acc2, input_precision=PREC)
+        acc3 = tl.dot((p * (s3 * f_pv)[None, :]).to(DT), w3, acc3, input_precision=PREC)
     else:
         pd = p.to(DT)
-        acc0 = tl.dot(pd, k0, acc0, input_precision=PREC)
-        acc1 = tl.dot(pd, k1, acc1, input_precision=PREC)
-        acc2 = tl.dot(pd, k2, acc2, input_precision=PREC)
-        acc3 = tl.dot(pd, k3, acc3, input_precision=PREC)
-    return m_new, l_i, acc0, acc1, acc2, acc3
+        acc0 = tl.dot(pd, w0, acc0, input_precision=PREC)
+        acc1 = tl.dot(pd, w1, acc1, input_precision=PREC)
+        acc2 = tl.dot(pd, w2, acc2, input_precision=PREC)
+        acc3 = tl.dot(pd, w3, acc3, input_precision=PREC)
+    return m_new, l_i, g_i, acc0, acc1, acc2, acc3
 
 
-@triton.jit
+# Integer arguments that change with the batch but never with alignment are not specialised (Triton would compile
+# a variant per "== 1 / % 16 / other" class of each, on first use, in the middle of serving): the split count and
+# the LSE strides that follow it.
+@triton.jit(do_not_specialize=["splits", "stride_lt", "stride_ls"])
 def _sparse_mla_fwd_kernel(
     q_ptr, qpe_ptr, kv_ptr, idx_ptr, out_ptr, lse_ptr,
     sm_scale_log2,
@@ -200,11 +259,12 @@ def _sparse_mla_fwd_kernel(
     stride_ot, stride_os, stride_oh,
     stride_lt, stride_ls, stride_lh,
     IS_FP8: tl.constexpr,
-    FP8_NATIVE: tl.constexpr,
+    FP8_DECODE: tl.constexpr,
     WRITE_PARTIAL: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PREFETCH: tl.constexpr,
+    SPLIT_LOADS: tl.constexpr,
 ):
     # head block fastest so the programs sharing a token's KV rows run side by side (L2 reuse)
     pid = tl.program_id(0)
@@ -223,9 +283,18 @@ def _sparse_mla_fwd_kernel(
     q2 = tl.load(q_row + (256 + d)[None, :], mask=hmask[:, None], other=0.0)
     q3 = tl.load(q_row + (384 + d)[None, :], mask=hmask[:, None], other=0.0)
     qr = tl.load(qpe_ptr + t * stride_pt + heads[:, None] * stride_ph + dr[None, :], mask=hmask[:, None], other=0.0)
+    BF16_DECODE: tl.constexpr = IS_FP8 and ((FP8_DECODE == "bf16bits") or (FP8_DECODE == "bf16ptx"))
+    if BF16_DECODE:
+        # K comes as value * 2**-120: lift the latent q by 2**64 (exact in bf16) so q.k stays far from fp32's
+        # underflow; the scores' factor is 2**56 (BF16_QK_F)
+        q0 = (q0.to(tl.float32) * BF16_Q_F).to(q0.dtype)
+        q1 = (q1.to(tl.float32) * BF16_Q_F).to(q1.dtype)
+        q2 = (q2.to(tl.float32) * BF16_Q_F).to(q2.dtype)
+        q3 = (q3.to(tl.float32) * BF16_Q_F).to(q3.dtype)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
+    g_i = 1.0
     acc0 = tl.zeros([BLOCK_H, 128], tl.float32)
     acc1 = tl.zeros([BLOCK_H, 128], tl.float32)
     acc2 = tl.zeros([BLOCK_H, 128], tl.float32)
@@ -246,9 +315,9 @@ def _sparse_mla_fwd_kernel(
             valid_b, row_b = _rows(idx_b, num_slots, block_size, stride_kb, stride_kr)
             n0, n1, n2, n3, nr, t0, t1, t2, t3 = _load_tile(kv_ptr, row_b, valid_b, IS_FP8)
             idx_b = _load_idx(idx_row, split + (it + 2) * splits, K, BLOCK_N)
-            m_i, l_i, acc0, acc1, acc2, acc3 = _attend_tile(
-                q0, q1, q2, q3, qr, c0, c1, c2, c3, kr, s0, s1, s2, s3, valid_a,
-                m_i, l_i, acc0, acc1, acc2, acc3, sm_scale_log2, IS_FP8, FP8_NATIVE)
+            m_i, l_i, g_i, acc0, acc1, acc2, acc3 = _attend_tile(
+                q0, q1, q2, q3, qr, c0, c1, c2, c3, c0, c1, c2, c3, kr, s0, s1, s2, s3, valid_a,
+                m_i, l_i, g_i, acc0, acc1, acc2, acc3, sm_scale_log2, IS_FP8, FP8_DECODE)
             c0, c1, c2, c3, kr, s0, s1, s2, s3 = n0, n1, n2, n3, nr, t0, t1, t2, t3
             valid_a = valid_b
     else:
@@ -258,12 +327,25 @@ def _sparse_mla_fwd_kernel(
             idx = _load_idx(idx_row, tile, K, BLOCK_N)
             valid, row = _rows(idx, num_slots, block_size, stride_kb, stride_kr)
             c0, c1, c2, c3, kr, s0, s1, s2, s3 = _load_tile(kv_ptr, row, valid, IS_FP8)
-            m_i, l_i, acc0, acc1, acc2, acc3 = _attend_tile(
-                q0, q1, q2, q3, qr, c0, c1, c2, c3, kr, s0, s1, s2, s3, valid,
-                m_i, l_i, acc0, acc1, acc2, acc3, sm_scale_log2, IS_FP8, FP8_NATIVE)
+            if SPLIT_LOADS:
+                # The same latent bytes loaded a second time (L2 hits) for PV.  Triton pipelines (cp.async into
+                # shared memory) a load that feeds one dot through the e4m3 decode, but not one that feeds both
+                # QK (as K^T) and PV (as V): with one load per dot the fp8 gathers become asynchronous.  No default
+                # tile uses it: on the H200 the fp8 kernel is bound by issued instructions, not by gather latency,
+                # and this variant issues more (8 heads x 256 tokens: 391 vs 301 us; bench/RESULTS.md 2026-11-30).
+                # A tuning option for GPUs where that balance differs (bench/sparse_mla.py --sweep).
+                v0, v1, v2, v3 = _load_latent(kv_ptr, row, valid, 1)
+            else:
+                v0, v1, v2, v3 = c0, c1, c2, c3
+            m_i, l_i, g_i, acc0, acc1, acc2, acc3 = _attend_tile(
+                q0, q1, q2, q3, qr, c0, c1, c2, c3, v0, v1, v2, v3, kr, s0, s1, s2, s3, valid,
+                m_i, l_i, g_i, acc0, acc1, acc2, acc3, sm_scale_log2, IS_FP8, FP8_DECODE)
 
     has = l_i > 0.0
     inv_l = tl.where(has, 1.0 / tl.where(has, l_i, 1.0), 0.0)
+    if BF16_DECODE:
+        inv_l = inv_l * BF16_OUT_F  # P carried 2**96, K 2**-120
+    inv_l = inv_l * g_i  # acc was kept in units of g (fp8 cache with fp16 queries; 1 elsewhere)
     o_row = out_ptr + t * stride_ot + split * stride_os + heads[:, None] * stride_oh
     ODT: tl.constexpr = out_ptr.dtype.element_ty
     tl.store(o_row + d[None, :], (acc0 * inv_l[:, None]).to(ODT), mask=hmask[:, None])
@@ -276,7 +358,7 @@ def _sparse_mla_fwd_kernel(
     tl.store(lse_ptr + t * stride_lt + split * stride_ls + heads * stride_lh, lse2, mask=hmask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["splits", "stride_vt", "stride_vs"])
 def _sparse_mla_combine_kernel(
     ws_out_ptr, ws_lse_ptr, out_ptr, lse_ptr,
     H, splits,
@@ -343,6 +425,7 @@ class FwdTile:
     num_stages: int
     occupancy: int  # resident programs per SM the split heuristic assumes
     prefetch: bool = False  # hand-rolled register prefetch (PREFETCH constexpr) instead of Triton's pipeliner
+    split_loads: bool = False  # fp8: one load of the latent per dot, so Triton's pipeliner takes them (SPLIT_LOADS)
 
 
 # Tiles per target family, keyed by head class (<=16, <=32, more).  Chosen from offline compiles (shared memory,
@@ -351,8 +434,11 @@ class FwdTile:
 # * bf16 cache: Triton's pipeliner.  num_stages=5 is what double-buffers the gathered rows: with one level of
 #   indirection (indices -> rows) Triton gives each load (num_stages-1)//2 tiles of lead, so 3 or 4 stages leave
 #   a single row buffer that is refilled only after the tile's math.
-# * fp8 cache: the bytes pass through the decode before any dot, so Triton leaves them synchronous; those tiles use
-#   the kernel's own register prefetch (PREFETCH) with num_stages=1.
+# * fp8 cache: Triton's pipeliner leaves a load synchronous when it feeds both dots through the decode (seen in
+#   the compiled TTGIR; with one load per dot, SPLIT_LOADS, it pipelines them); these tiles use the kernel's own
+#   register prefetch (PREFETCH) with num_stages=1.  On the H200 the fp8 kernel is bound by issued instructions
+#   (ncu, 8 heads x 256 tokens: 1.27 IPC, 8 warps per SM, ~170 warp instructions per gathered row against ~95 for
+#   the bf16 cache), not by gather latency: split loads measured slower (bench/RESULTS.md 2026-11-30).
 # Consumer parts (sm_120/121, sm_8x) are held to 99 KiB of shared memory, mma.sync and 64K registers per SM;
 # Hopper/Blackwell-DC get 227 KiB and can hold 64 heads per program (each KV row gathered once per token).
 @functools.lru_cache(maxsize=None)  # pure; called on every launch (the dict is shared: do not mutate it)
@@ -388,19 +474,47 @@ def _head_class(num_heads: int) -> int:
     return 16 if num_heads <= 16 else (32 if num_heads <= 32 else 64)
 
 
-def fp8_decode_native(capability: tuple[int, int]) -> bool:
-    """Which e4m3 decode the fp8 kernel uses: Triton's float8e4nv conversion (sm_89+) or the integer trick.
-    ``GLM5_SPARSE_MLA_FP8_DECODE=manual|native`` overrides (for benchmarking); native is refused below sm_89."""
-    mode = os.environ.get("GLM5_SPARSE_MLA_FP8_DECODE", "auto").lower()
-    if not native_fp8_supported(capability):
-        return False
-    if mode == "manual":
-        return False
-    return True
+def fp8_decode_method(capability: tuple[int, int], dtype: torch.dtype, on_gpu: bool = True) -> str:
+    """The FP8_DECODE the fp8_ds_mla kernel uses for queries of ``dtype`` on ``capability`` (see FP8_DECODES).
+
+    Default: the native conversion from sm_89 on (measured fastest on an H200, bench/RESULTS.md 2026-11-30);
+    below sm_89, which has none, the packed PTX bit trick into the query dtype (plain Triton in the interpreter).
+    ``GLM5_SPARSE_MLA_FP8_DECODE=<method>`` overrides it (benchmarking); a method this case cannot use is refused."""
+    if dtype == torch.float32:
+        return "f32"
+    mode = os.environ.get("GLM5_SPARSE_MLA_FP8_DECODE", "auto").strip().lower() or "auto"
+    if mode == "auto":
+        if native_fp8_supported(capability):
+            return "cvt"
+        kind = "bf16" if dtype == torch.bfloat16 else "f16"
+        return kind + ("ptx" if on_gpu else "bits")
+    why = None
+    if mode not in FP8_DECODES or mode == "f32":
+        why = f"expected auto or one of {', '.join(FP8_DECODES[1:])}"
+    elif mode == "cvt" and not native_fp8_supported(capability):
+        why = f"cvt needs sm_89 or newer, this is sm_{capability[0]}{capability[1]}"
+    elif mode.startswith("bf16") and dtype != torch.bfloat16:
+        why = f"{mode} decodes to bf16, the queries are {dtype}"
+    elif mode.endswith("ptx") and not on_gpu:
+        why = f"{mode} is PTX: GPU only (the interpreter takes {mode[:-3]}bits)"
+    if why:
+        raise ValueError(f"GLM5_SPARSE_MLA_FP8_DECODE={mode!r}: {why}")
+    return mode
 
 
-def select_fwd_tile(capability, dtype, kv_format, num_heads) -> FwdTile:
-    return _fwd_tiles(tuple(capability), dtype, kv_format)[_head_class(num_heads)]
+def select_fwd_tile(capability, dtype, kv_format, num_heads, num_tokens: Optional[int] = None,
+                    topk: Optional[int] = None, num_sms: Optional[int] = None) -> FwdTile:
+    """The tile for ``num_heads``' class; given the launch's tokens, top-k and SM count, a decode of so few tokens
+    that wide-head programs cannot fill the GPU even at the largest split count takes the 16-head tile instead
+    (more, shorter programs: 64 heads at T=1 run as 4 x 32 programs rather than 1 x 32)."""
+    tiles = _fwd_tiles(tuple(capability), dtype, kv_format)
+    tile = tiles[_head_class(num_heads)]
+    if num_tokens is None or topk is None or num_sms is None or tile.block_h <= 16:
+        return tile
+    max_splits = max(1, min(MAX_SPLITS, triton.cdiv(topk, tile.block_n) // 2))
+    if num_tokens * triton.cdiv(num_heads, tile.block_h) * max_splits < num_sms * tile.occupancy:
+        return tiles[16]
+    return tile
 
 
 COMBINE_BLOCK_D = 128
@@ -413,20 +527,21 @@ def _combine_block_s(num_splits: int) -> int:
 def kernel_configs(capability, dtype, kv_format) -> list[KernelConfig]:
     """Every (kernel, constexprs, num_warps, num_stages) the launch heuristics can pick on ``capability`` for
     query dtype ``dtype`` (bf16/fp16) and ``kv_format``.  fp32 queries are an interpreter-only test path and have
-    no GPU configurations.  The fp8 decode is the one :func:`fp8_decode_native` picks by default; the
-    ``GLM5_SPARSE_MLA_FP8_DECODE=manual`` benchmarking override on sm_89+ compiles the sm_80/86 variant there."""
+    no GPU configurations.  The fp8 decode is the one :func:`fp8_decode_method` picks on a GPU, so the
+    ``GLM5_SPARSE_MLA_FP8_DECODE`` benchmarking override compiles that method's variants instead."""
     cap = tuple(capability)
     if kv_format not in KV_FORMATS:
         raise ValueError(f"kv_format must be one of {KV_FORMATS}, got {kv_format!r}")
     if dtype not in (torch.bfloat16, torch.float16):
         return []
     is_fp8 = kv_format == "fp8_ds_mla"
-    native = is_fp8 and native_fp8_supported(cap)
+    decode = fp8_decode_method(cap, dtype) if is_fp8 else NO_FP8_DECODE
     seen, out = set(), []
     for tile in _fwd_tiles(cap, dtype, kv_format).values():
         for partial in (False, True):
             cfg = KernelConfig("fwd", tuple(sorted(dict(
-                IS_FP8=is_fp8, FP8_NATIVE=native, WRITE_PARTIAL=partial, PREFETCH=tile.prefetch,
+                IS_FP8=is_fp8, FP8_DECODE=decode, WRITE_PARTIAL=partial, PREFETCH=tile.prefetch,
+                SPLIT_LOADS=tile.split_loads,
                 BLOCK_H=tile.block_h, BLOCK_N=tile.block_n).items())), tile.num_warps, tile.num_stages)
             if cfg not in seen:
                 seen.add(cfg)
@@ -543,9 +658,9 @@ class _Plan(NamedTuple):
 
 
 @functools.lru_cache(maxsize=4096)
-def _launch_plan(cap, sms, dtype, kv_format, native, T, H, K, num_splits, tile) -> _Plan:
+def _launch_plan(cap, sms, dtype, kv_format, decode, T, H, K, num_splits, tile) -> _Plan:
     if tile is None:
-        tile = select_fwd_tile(cap, dtype, kv_format, H)
+        tile = select_fwd_tile(cap, dtype, kv_format, H, T, K, sms)
     num_hb = triton.cdiv(H, tile.block_h)
     n_tiles = triton.cdiv(K, tile.block_n)
     if num_splits is None:
@@ -553,8 +668,9 @@ def _launch_plan(cap, sms, dtype, kv_format, native, T, H, K, num_splits, tile) 
                                        FP8_ROW_BYTES if kv_format == "fp8_ds_mla" else 2 * D_QK)
     # every split needs a tile, and the combine kernel reads at most MAX_SPLITS partials
     num_splits = max(1, min(int(num_splits), n_tiles, MAX_SPLITS))
-    fwd_kwargs = dict(IS_FP8=kv_format == "fp8_ds_mla", FP8_NATIVE=native, WRITE_PARTIAL=num_splits > 1,
+    fwd_kwargs = dict(IS_FP8=kv_format == "fp8_ds_mla", FP8_DECODE=decode, WRITE_PARTIAL=num_splits > 1,
                       BLOCK_H=tile.block_h, BLOCK_N=tile.block_n, PREFETCH=tile.prefetch,
+                      SPLIT_LOADS=tile.split_loads,
                       num_warps=tile.num_warps, num_stages=tile.num_stages)
     S = num_splits
     return _Plan(num_hb, S, (T * S * num_hb,), fwd_kwargs, workspace_numel(T, H, S), T * S * H * D_V,
@@ -593,8 +709,8 @@ def sparse_mla_attention(q, kv_cache: torch.Tensor, indices: torch.Tensor, sm_sc
         slot yields ``out = 0`` and ``lse = -inf``.
 
     Numerics: 16-bit dot inputs, fp32 accumulation and softmax; P is rounded to q's dtype before PV (as in
-    FlashAttention/FlashMLA).  fp8_ds_mla: P*scale is rounded to q's dtype, so with fp16 queries a scale must stay
-    below 255 (latent amax below ~1.1e5); bf16 has no such limit.
+    FlashAttention/FlashMLA).  fp8_ds_mla: the e4m3 values are decoded exactly into q's dtype; with fp16 queries P's
+    columns carry scale / (the tile's largest scale), so they stay <= 1 and clear of fp16's subnormals.
 
     No host synchronisation; the split count depends only on shapes and the SM count, so a call with fixed T is
     CUDA-graph capturable (pass ``workspace``/``out``/``lse`` to keep all memory outside the graph pool).
@@ -665,8 +781,8 @@ def sparse_mla_attention(q, kv_cache: torch.Tensor, indices: torch.Tensor, sm_sc
     if num_sms is not None:
         sms = num_sms
     # read per call (not cached): the decode override is an environment variable that benchmarks flip
-    native = kv_format == "fp8_ds_mla" and dtype != torch.float32 and fp8_decode_native(cap)
-    plan = _launch_plan(cap, sms, dtype, kv_format, native, T, H, K, num_splits, tile)
+    decode = fp8_decode_method(cap, dtype, is_cuda) if kv_format == "fp8_ds_mla" else NO_FP8_DECODE
+    plan = _launch_plan(cap, sms, dtype, kv_format, decode, T, H, K, num_splits, tile)
 
     os_ = out.stride()
     ls = lse.stride()

@@ -51,11 +51,11 @@ def _rel(a, b):
     return ((a.double() - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-def _check(q, kv, idx, kv_format, **kw):
+def _check(q, kv, idx, kv_format, scale=SCALE, **kw):
     sm, ref = _mods()
-    out, lse = sm.sparse_mla_attention(q, kv, idx, SCALE, kv_format=kv_format, **kw)
+    out, lse = sm.sparse_mla_attention(q, kv, idx, scale, kv_format=kv_format, **kw)
     torch.cuda.synchronize()
-    r_out, r_lse = ref.sparse_mla_reference(q, kv, idx, SCALE, kv_format=kv_format, token_chunk=8)
+    r_out, r_lse = ref.sparse_mla_reference(q, kv, idx, scale, kv_format=kv_format, token_chunk=8)
     rtol, ltol = TOL[q.dtype]
     assert _rel(out, r_out) <= rtol, _rel(out, r_out)
     finite = torch.isfinite(r_lse)
@@ -75,7 +75,7 @@ def test_bf16_glm5_shapes(T, H):
     _check(q, kv, idx, "bf16")
 
 
-@pytest.mark.parametrize("decode", ["auto", "manual"])
+@pytest.mark.parametrize("decode", ["auto", "f16bits", "f16ptx", "bf16ptx"])
 @pytest.mark.parametrize("H", [8, 16, 64, 128])
 @pytest.mark.parametrize("T", [1, 16, 130])
 def test_fp8_ds_mla_glm5_shapes(T, H, decode, monkeypatch):
@@ -134,3 +134,75 @@ def test_cuda_graph_capture_and_replay(kv_format):
     torch.cuda.synchronize()
     want, want_lse = sm.sparse_mla_attention(q, kv, idx, SCALE, kv_format=kv_format)
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
+def test_ptx_decodes_match_the_portable_ones_on_all_bytes():
+    import triton
+    import triton.language as tl
+
+    from glm5_shim.kernels.fp8 import (e4m3_bytes_to_bf16_scaled, e4m3_bytes_to_bf16_scaled_ptx,
+                                       e4m3_bytes_to_f16_div256_ptx)
+    from glm5_shim.kernels.sparse_mla import _e4m3_to_f16_div256
+
+    @triton.jit
+    def both(src, a, b, c, d, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        x = tl.load(src + offs)
+        tl.store(a + offs, e4m3_bytes_to_bf16_scaled(x))
+        tl.store(b + offs, e4m3_bytes_to_bf16_scaled_ptx(x))
+        tl.store(c + offs, _e4m3_to_f16_div256(x))
+        tl.store(d + offs, e4m3_bytes_to_f16_div256_ptx(x))
+
+    # every byte, in a few orders (which lane gets which byte of a packed register must not matter)
+    raw = torch.arange(256, dtype=torch.int32, device=DEV).to(torch.uint8)
+    for perm in (raw, raw.flip(0), raw[torch.randperm(256, device=DEV)]):
+        a = torch.empty(256, dtype=torch.bfloat16, device=DEV)
+        b = torch.empty_like(a)
+        c = torch.empty(256, dtype=torch.float16, device=DEV)
+        d = torch.empty_like(c)
+        both[(1,)](perm, a, b, c, d, BLOCK=256)
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+        assert torch.equal(c.view(torch.int16), d.view(torch.int16))
+        ref = perm.view(torch.float8_e4m3fn).float()
+        finite = ~torch.isnan(ref)
+        assert torch.equal(b.double()[finite] * 2.0 ** 120, ref.double()[finite])
+        assert torch.equal(d.double()[finite] * 2.0 ** 8, ref.double()[finite])
+
+
+@pytest.mark.parametrize("decode", ["auto", "f16ptx", "bf16ptx"])
+@pytest.mark.parametrize("latent_scale,q_scale", [(1e-4, 1.0), (3e4, 1.0), (1.0, 1e-3), (1.0, 300.0)])
+def test_fp8_bf16_decode_far_from_unit_scale(decode, latent_scale, q_scale, monkeypatch):
+    # the bf16 decode carries K as value * 2**-120 and lifts q by 2**64, P by 2**96: tiny or large caches and
+    # queries must neither underflow nor overflow
+    _, ref = _mods()
+    monkeypatch.setenv("GLM5_SPARSE_MLA_FP8_DECODE", decode)
+    q, kv, _, idx = _case(5, 16, 2048, torch.bfloat16, "fp8_ds_mla", seed=41)
+    kv_f = ref.dequant_fp8_ds_mla(kv)
+    kv = ref.quantize_fp8_ds_mla(kv_f * latent_scale)
+    q = (q.float() * q_scale).to(torch.bfloat16)
+    # the same score distribution as at unit scale
+    _check(q, kv, idx, "fp8_ds_mla", scale=SCALE / (q_scale * latent_scale))
+
+
+def test_batch_sizes_do_not_multiply_compiled_variants():
+    # decode batches of every size pick split counts 1..32; they must not each compile a new variant mid-serving
+    sm, _ = _mods()
+    dev = torch.cuda.current_device()
+    cap, sms = sm._device_info(dev)
+    fwd, comb = sm._sparse_mla_fwd_kernel, sm._sparse_mla_combine_kernel
+    before = len(fwd.device_caches[dev][0]), len(comb.device_caches[dev][0])
+    classes, splits = set(), set()
+    for T in range(1, 41):
+        q, kv, _, idx = _case(T, 16, 2048, torch.bfloat16, "bf16", seed=T)
+        sm.sparse_mla_attention(q, kv, idx, SCALE, kv_format="bf16")
+        plan = sm._launch_plan(cap, sms, torch.bfloat16, "bf16", sm.NO_FP8_DECODE, T, 16, 2048, None, None)
+        splits.add(plan.num_splits)
+        classes.add(("fwd", plan.fwd_kwargs["WRITE_PARTIAL"]))
+        if plan.num_splits > 1:
+            classes.add(("combine", plan.combine_kwargs["BLOCK_S"]))
+    torch.cuda.synchronize()
+    assert len(splits) >= 4, splits  # several split counts were really used
+    grew = len(fwd.device_caches[dev][0]) - before[0], len(comb.device_caches[dev][0]) - before[1]
+    # at most one new fwd variant per WRITE_PARTIAL and one combine per BLOCK_S, whatever the split counts were
+    assert grew[0] <= sum(c[0] == "fwd" for c in classes) and grew[1] <= sum(c[0] == "combine" for c in classes), (
+        splits, classes, grew)

@@ -7,7 +7,8 @@ import torch
 import triton
 import triton.language as tl
 
-from glm5_shim.kernels.fp8 import e4m3_bytes_to_f32, e4m3_bytes_to_f32_torch, native_fp8_supported
+from glm5_shim.kernels.fp8 import (BF16_DECODE_EXPONENT, e4m3_bytes_to_bf16_scaled, e4m3_bytes_to_bf16_scaled_torch,
+                                   e4m3_bytes_to_f32, e4m3_bytes_to_f32_torch, native_fp8_supported)
 
 
 def _all_bytes_reference():
@@ -45,3 +46,34 @@ def test_triton_decoder_all_256_bytes():
 @pytest.mark.parametrize("cap,native", [((8, 0), False), ((8, 6), False), ((8, 9), True), ((9, 0), True), ((12, 0), True)])
 def test_native_fp8_gate(cap, native):
     assert native_fp8_supported(cap) is native
+
+
+@triton.jit
+def _decode_bf16_kernel(src, dst, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(src + offs, mask=mask, other=0)
+    tl.store(dst + offs, e4m3_bytes_to_bf16_scaled(x), mask=mask)
+
+
+def _bf16_bits_exact(got_bf16, ref, finite):
+    # value * 2**-120 is exact in bf16 for every finite e4m3 byte (subnormals land on bf16 subnormals)
+    back = got_bf16.to(torch.float64) * 2.0 ** BF16_DECODE_EXPONENT
+    assert torch.equal(back[finite], ref[finite].to(torch.float64))
+    assert torch.equal(torch.signbit(got_bf16[finite]), torch.signbit(ref[finite]))
+
+
+def test_bf16_bit_trick_all_256_bytes_torch_twin():
+    raw, ref, finite = _all_bytes_reference()
+    got = e4m3_bytes_to_bf16_scaled_torch(raw)
+    assert got.dtype == torch.bfloat16
+    _bf16_bits_exact(got, ref, finite)
+    assert got[1].item() * 2.0 ** 120 == 2.0 ** -9  # smallest subnormal
+    assert got[0x08].item() * 2.0 ** 120 == 2.0 ** -6  # smallest normal
+
+
+def test_bf16_bit_trick_all_256_bytes_triton():
+    raw, ref, finite = _all_bytes_reference()
+    out = torch.empty(256, dtype=torch.bfloat16)
+    _decode_bf16_kernel[(1,)](raw, out, 256, BLOCK=256)
+    _bf16_bits_exact(out, ref, finite)

@@ -19,6 +19,7 @@ import math
 
 import pytest
 import torch
+import triton
 
 import glm5_shim.kernels.fp8 as _fp8
 import glm5_shim.kernels.sparse_mla as sm
@@ -35,7 +36,7 @@ from glm5_shim.kernels.sparse_mla_reference import (dequant_fp8_ds_mla, quantize
 # the interpreter converts 0-d arrays to ints in loops; numpy >= 1.25 warns about it thousands of times
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
 
-TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 1e-4)}
+TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 1e-4), torch.bfloat16: (8e-3, 2e-3)}  # bf16: out stored in bf16
 
 
 def _make_case(T, H, K, dtype, kv_format, *, num_blocks=None, block_size=16, invalid_frac=0.25,
@@ -165,6 +166,20 @@ def test_matches_reference(T, H, K, dtype, kv_format):
     _check(q, kv, idx, kv_format)
 
 
+@pytest.mark.parametrize("decode", ["f16bits", "cvt"])
+@pytest.mark.parametrize("latent_scale,q_scale", [(1.0, 1.0), (1e-4, 1.0), (3e3, 1.0), (1.0, 1e-3), (1.0, 30.0)])
+def test_fp16_queries_on_fp8_cache_far_from_unit_scale(monkeypatch, decode, latent_scale, q_scale):
+    # fp16 P would leave fp16's normal range (or overflow) as P * scale for scales far from 1: the kernel scales
+    # P's columns by scale / (the tile's largest scale) and keeps acc in that unit.  Caches and queries far from
+    # unit scale must neither underflow nor overflow.
+    monkeypatch.setenv("GLM5_SPARSE_MLA_FP8_DECODE", decode)
+    q, kv, idx = _make_case(4, 16, 96, torch.float32, "fp8_ds_mla", invalid_frac=0.3, seed=23)
+    kv = quantize_fp8_ds_mla(dequant_fp8_ds_mla(kv) * latent_scale)
+    q = (q * q_scale).to(torch.float16)
+    idx[2, 5:] = -1  # mostly empty row
+    _check(q, kv, idx, "fp8_ds_mla", scale=576 ** -0.5 / (q_scale * latent_scale))
+
+
 @pytest.mark.parametrize("kv_format", ["bf16", "fp8_ds_mla"])
 def test_fewer_valid_than_topk_and_empty_rows(kv_format):
     T, K = 6, 160
@@ -216,11 +231,12 @@ def test_strided_blocks_views_and_preallocated_outputs(kv_format):
 
 
 @pytest.mark.parametrize("kv_format", ["bf16", "fp8_ds_mla"])
-@pytest.mark.parametrize("prefetch", [False, True])
-def test_both_loop_schedules(kv_format, prefetch):
-    # Triton-pipelined loop and the hand-prefetched one, whichever the heuristics use for this format
+@pytest.mark.parametrize("schedule", ["pipelined", "prefetch", "split_loads"])
+def test_every_loop_schedule(kv_format, schedule):
+    # Triton-pipelined loop (with one latent load for both dots, or one per dot) and the hand-prefetched one
     q, kv, idx = _make_case(3, 16, 112, torch.float16, kv_format, invalid_frac=0.3, seed=19)
-    tile = sm.FwdTile(16, 32, 4, 1, 1, prefetch=prefetch)
+    idx[1, 40:] = -1  # masked rows: the second (PV) load fills them with a different value; they must not count
+    tile = sm.FwdTile(16, 32, 4, 1, 1, prefetch=schedule == "prefetch", split_loads=schedule == "split_loads")
     for splits in (1, 2):
         _check(q, kv, idx, kv_format, tile=tile, num_splits=splits)
 
@@ -287,21 +303,42 @@ def test_heuristic_picks_are_listed_in_kernel_configs(cap):
     for dtype in (torch.bfloat16, torch.float16):
         for kv_format in sm.KV_FORMATS:
             listed = sm.kernel_configs(cap, dtype, kv_format)
-            fwd = {(c["BLOCK_H"], c["BLOCK_N"], c["FP8_NATIVE"], c["WRITE_PARTIAL"], c["PREFETCH"], c.num_warps,
+            fwd = {(c["BLOCK_H"], c["BLOCK_N"], c["FP8_DECODE"], c["WRITE_PARTIAL"], c["PREFETCH"], c.num_warps,
                     c.num_stages) for c in listed if c.kernel == "fwd"}
             combine = {c["BLOCK_S"] for c in listed if c.kernel == "combine"}
             for H in (4, 8, 16, 20, 32, 64, 128):
-                tile = sm.select_fwd_tile(cap, dtype, kv_format, H)
-                native = kv_format == "fp8_ds_mla" and sm.fp8_decode_native(cap)
+                decode = sm.fp8_decode_method(cap, dtype) if kv_format == "fp8_ds_mla" else sm.NO_FP8_DECODE
                 for T in (1, 3, 64, 4096):
+                    tile = sm.select_fwd_tile(cap, dtype, kv_format, H, T, 2048, 132)
                     s = sm.choose_num_splits(T, H, 2048, 132, tile.block_h, tile.block_n, tile.occupancy)
-                    key = (tile.block_h, tile.block_n, native, s > 1, tile.prefetch, tile.num_warps,
+                    key = (tile.block_h, tile.block_n, decode, s > 1, tile.prefetch, tile.num_warps,
                            tile.num_stages)
                     assert key in fwd, (cap, dtype, kv_format, H, T, key)
                     if s > 1:
                         assert sm._combine_block_s(s) in combine and s <= sm._combine_block_s(s)
-            if cap < (8, 9):
-                assert not any(c.kernel == "fwd" and c["FP8_NATIVE"] for c in listed)
+            decodes = {c["FP8_DECODE"] for c in listed if c.kernel == "fwd"}
+            if kv_format == "bf16":
+                assert decodes == {sm.NO_FP8_DECODE}
+            else:  # no conversion instruction below sm_89: the packed bit trick into the query dtype there
+                want = "cvt" if cap >= (8, 9) else ("bf16ptx" if dtype == torch.bfloat16 else "f16ptx")
+                assert decodes == {want}, (cap, dtype, decodes)
+
+
+@pytest.mark.parametrize("cap", CAPS)
+def test_few_tokens_with_many_heads_take_the_16_head_tile(cap):
+    for dtype in (torch.bfloat16, torch.float16):
+        for kv_format in sm.KV_FORMATS:
+            wide = sm.select_fwd_tile(cap, dtype, kv_format, 64)
+            narrow = sm.select_fwd_tile(cap, dtype, kv_format, 16)
+            for sms in (132, 188, 46):
+                for T in (1, 2, 3, 4, 5, 8, 64, 4096):
+                    got = sm.select_fwd_tile(cap, dtype, kv_format, 64, T, 2048, sms)
+                    max_s = min(sm.MAX_SPLITS, 2048 // wide.block_n // 2)
+                    fills = T * triton.cdiv(64, wide.block_h) * max_s >= sms * wide.occupancy
+                    assert got == (wide if fills else narrow), (cap, dtype, kv_format, sms, T)
+                # never for a head count the narrow tile already serves
+                assert sm.select_fwd_tile(cap, dtype, kv_format, 8, 1, 2048, sms) == narrow
+            assert sm.select_fwd_tile(cap, dtype, kv_format, 64, 1, 2048, 132) == narrow  # 1 x 32 programs
 
 
 def test_fp8_tile_on_sm90_only():
@@ -379,11 +416,44 @@ def test_launch_plan_is_cached_and_follows_the_decode_override(monkeypatch):
     _recorded_launches(monkeypatch, q, kv, idx, 0.1, kv_format="fp8_ds_mla", num_splits=2)
     info = sm._launch_plan.cache_info()
     assert (info.misses, info.hits) == (1, 1)
-    assert fwd[0][2]["FP8_NATIVE"] and fwd[0][2]["WRITE_PARTIAL"] and len(combine) == 1
+    # CPU default capability is sm_120: fp16 queries take the native conversion
+    assert fwd[0][2]["FP8_DECODE"] == "cvt" and fwd[0][2]["WRITE_PARTIAL"] and len(combine) == 1
     # the benchmarking override is read per call, not frozen into the cached plan
-    monkeypatch.setenv("GLM5_SPARSE_MLA_FP8_DECODE", "manual")
+    monkeypatch.setenv("GLM5_SPARSE_MLA_FP8_DECODE", "f16bits")
     _, _, fwd, _ = _recorded_launches(monkeypatch, q, kv, idx, 0.1, kv_format="fp8_ds_mla", num_splits=2)
-    assert not fwd[0][2]["FP8_NATIVE"]
+    assert fwd[0][2]["FP8_DECODE"] == "f16bits"
+    # bf16 queries too (decoded to fp16, then converted)
+    monkeypatch.delenv("GLM5_SPARSE_MLA_FP8_DECODE")
+    _, _, fwd, _ = _recorded_launches(monkeypatch, q.to(torch.bfloat16), kv, idx, 0.1, kv_format="fp8_ds_mla",
+                                      num_splits=2)
+    assert fwd[0][2]["FP8_DECODE"] == "cvt"
+
+
+@pytest.mark.parametrize("mode,cap,dtype,on_gpu,expected", [
+    ("auto", (12, 0), torch.bfloat16, True, "cvt"),
+    ("auto", (8, 9), torch.float16, True, "cvt"),
+    ("auto", (8, 0), torch.bfloat16, True, "bf16ptx"),
+    ("auto", (8, 6), torch.float16, True, "f16ptx"),
+    ("auto", (8, 6), torch.bfloat16, False, "bf16bits"),
+    ("auto", (8, 6), torch.float16, False, "f16bits"),
+    ("auto", (9, 0), torch.float32, False, "f32"),
+    ("bf16bits", (12, 0), torch.bfloat16, True, "bf16bits"),
+    ("bf16ptx", (8, 6), torch.bfloat16, True, "bf16ptx"),
+    ("f16bits", (12, 0), torch.bfloat16, True, "f16bits"),
+    ("cvt", (8, 6), torch.float16, True, "cvt needs sm_89"),
+    ("bf16ptx", (12, 0), torch.float16, True, "decodes to bf16"),
+    ("bf16ptx", (12, 0), torch.bfloat16, False, "GPU only"),
+    ("f16ptx", (8, 0), torch.float16, False, "GPU only"),
+    ("native", (12, 0), torch.bfloat16, True, "expected auto or one of"),
+])
+def test_fp8_decode_method_choice_and_refusals(monkeypatch, mode, cap, dtype, on_gpu, expected):
+    monkeypatch.setenv("GLM5_SPARSE_MLA_FP8_DECODE", mode)
+    if expected in sm.FP8_DECODES:
+        assert sm.fp8_decode_method(cap, dtype, on_gpu) == expected
+    else:
+        with pytest.raises(ValueError, match="GLM5_SPARSE_MLA_FP8_DECODE=") as e:
+            sm.fp8_decode_method(cap, dtype, on_gpu)
+        assert expected in str(e.value) and "\n" not in str(e.value)
 
 
 def test_workspace_regions_passed_without_views(monkeypatch):
