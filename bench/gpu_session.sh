@@ -24,11 +24,14 @@ fi
 nvidia-smi -L | tee -a "$OUT/session.log"
 python -m glm5_shim doctor >> "$OUT/session.log" 2>&1
 if [[ " $steps " == *" tests "* ]]; then
-  log tests; timeout 900 python -m pytest -q ${GPU_TESTS:-tests/gpu} -p no:cacheprovider 2>&1 | tail -80 > "$OUT/gpu_tests.log"
+  log tests; timeout ${TESTS_TIMEOUT:-900} python -m pytest -q ${GPU_TESTS:-tests/gpu} -p no:cacheprovider 2>&1 | tail -80 > "$OUT/gpu_tests.log"
 fi
 if [[ " $steps " == *" bench "* ]]; then
   if [[ " ${BENCHES:-sparse_mla indexer} " == *" sparse_mla "* ]]; then
-    log sparse_mla; timeout 900 python bench/sparse_mla.py --out /tmp/bench_sparse >> "$OUT/session.log" 2>&1
+    log "sparse_mla ${SPARSE_MLA_ARGS:-}"
+    timeout ${SPARSE_MLA_TIMEOUT:-900} python bench/sparse_mla.py --out /tmp/bench_sparse ${SPARSE_MLA_ARGS:-} \
+      >> "$OUT/session.log" 2>&1
+    cp /tmp/bench_sparse/sparse_mla.json "$OUT/sparse_mla.json" 2>/dev/null
     cp /tmp/bench_sparse/sparse_mla.md "$OUT/sparse_mla.md" 2>/dev/null
   fi
   if [[ " ${BENCHES:-sparse_mla indexer} " == *" indexer "* ]]; then

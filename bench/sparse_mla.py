@@ -210,16 +210,64 @@ def sweep_tiles(cap, kv_format):
     big = cap[0] in (9, 10)
     T = sm.FwdTile
     if kv_format == "fp8_ds_mla":
-        c = [T(16, 32, 8, 1, 1, True), T(16, 16, 4, 1, 1, True), T(16, 64, 8, 1, 1, True), T(32, 32, 8, 1, 1, True),
-             T(32, 16, 8, 1, 1, True), T(64, 16, 8, 1, 1, True), T(16, 32, 4, 3, 1)]
+        # register-prefetch tiles (the pre-SPLIT_LOADS defaults) and Triton-pipelined split-load tiles
+        c = [T(16, 32, 8, 1, 1, True), T(32, 32, 8, 1, 1, True), T(16, 16, 4, 1, 2, True), T(16, 32, 4, 3, 2),
+             T(16, 32, 8, 5, 1, split_loads=True)]
         if big:
-            c += [T(64, 32, 8, 1, 1, True), T(64, 32, 8, 3, 1), T(32, 64, 8, 1, 1, True)]
+            c += [T(16, 64, 8, 1, 1, True), T(64, 32, 8, 3, 1), T(64, 16, 8, 3, 1), T(32, 32, 8, 3, 1),
+                  T(64, 16, 8, 1, 1, True), T(16, 64, 8, 5, 1, split_loads=True)]
     else:
         c = [T(16, 32, 4, 5, 1), T(16, 16, 4, 5, 1), T(16, 32, 8, 5, 1), T(16, 32, 4, 3, 1), T(16, 32, 8, 1, 1, True),
              T(32, 16, 8, 5, 1), T(32, 32, 8, 3, 1), T(32, 32, 8, 1, 1, True)]
         if big:
             c += [T(16, 64, 4, 5, 1), T(32, 32, 8, 5, 1), T(64, 32, 8, 5, 1), T(64, 16, 8, 5, 1), T(64, 32, 8, 3, 1)]
     return c
+
+
+def tile_name(t):
+    return (f"({t.block_h},{t.block_n},w{t.num_warps},s{t.num_stages}"
+            f"{',prefetch' if t.prefetch else ''}{',split' if t.split_loads else ''})")
+
+
+def sweep_shape(a, props, H, T, q, fmt, cache, idx, idx_sets, rec, sweep_rows, decode):
+    """Time the alternative tiles (and split counts around the heuristic's) at one shape; log the best."""
+    cap = torch.cuda.get_device_capability(0) if not SMOKE else sm.CPU_DEFAULT_CAPABILITY
+    best = None
+    for tile in sweep_tiles(cap, fmt):
+        n_tiles = triton.cdiv(TOPK, tile.block_n)
+        auto = sm.choose_num_splits(T, H, TOPK, props.multi_processor_count, tile.block_h, tile.block_n,
+                                    tile.occupancy, 1152 if fmt == "bf16" else 656)
+        around = {auto} if T > 4 and not a.sweep_splits else {1, auto, max(1, auto // 2), auto * 2}
+        for splits in sorted(around):
+            if splits > min(sm.MAX_SPLITS, n_tiles):
+                continue
+            if T * triton.cdiv(H, tile.block_h) * splits > 64 * props.multi_processor_count:
+                continue
+            kw = dict(tile=tile, num_splits=splits)
+            try:
+                err, _ = check(q, cache, idx, fmt, **kw)
+                if a.sweep_graph:
+                    us = bench_graph([(lambda ix=ix: sm.sparse_mla_attention(q, cache, ix, SCALE, kv_format=fmt, **kw))
+                                      for ix in idx_sets])
+                else:
+                    us = bench_eager(lambda: sm.sparse_mla_attention(q, cache, idx, SCALE, kv_format=fmt, **kw),
+                                     rep=50)
+            except Exception as e:  # noqa: BLE001
+                log(f"sweep {fmt} H={H} T={T} {tile_name(tile)} S={splits}: {type(e).__name__}: {str(e)[:160]}")
+                continue
+            srec = dict(heads=H, tokens=T, kv_format=fmt, decode=decode, splits=splits, us=us, relerr=err,
+                        graph=bool(a.sweep_graph), **{f"tile_{k}": v for k, v in tile.__dict__.items()})
+            sweep_rows.append(srec)
+            log(f"sweep {fmt}{'/' + decode if decode else ''} H={H} T={T} {tile_name(tile)} S={splits}: "
+                f"{us:.1f} us err {err:.1e}")
+            if err <= TOL[fmt] and (best is None or us < best["us"]):
+                best = srec
+    if best:
+        key = ("ours_bf16" if fmt == "bf16" else "ours_fp8") + ("_graph" if a.sweep_graph else "")
+        dflt = rec.get(key)
+        log(f"SWEEP best {fmt}{'/' + decode if decode else ''} H={H} T={T}: {best['us']:.1f} µs "
+            f"(default {dflt and round(dflt, 1)}) tile={tile_name(sm.FwdTile(**{k[5:]: v for k, v in best.items() if k.startswith('tile_')}))} "
+            f"splits={best['splits']}")
 
 
 def main():
@@ -233,6 +281,13 @@ def main():
     ap.add_argument("--no-graph", action="store_true")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--sweep-tokens", default="1,64,256", help="token counts the sweep covers")
+    ap.add_argument("--sweep-graph", action="store_true", help="time the sweep inside CUDA graphs (small T)")
+    ap.add_argument("--sweep-formats", default="bf16,fp8_ds_mla", help="cache formats the sweep covers")
+    ap.add_argument("--sweep-decodes", default="", help="fp8 decodes the sweep covers (default: the default one)")
+    ap.add_argument("--sweep-splits", action="store_true", help="also try split counts around the heuristic's "
+                    "above 4 tokens")
+    ap.add_argument("--fp8-decodes", default="", help="other fp8 decodes to time (graph), comma-separated; "
+                    "default f16ptx,bf16ptx (sm_89+) or f16bits,bf16ptx")
     ap.add_argument("--smoke-cpu", action="store_true", help="CPU/interpreter dry run of this script (tiny sizes)")
     a = ap.parse_args()
     globals()["TOPK"] = a.topk  # module-level default used by helpers
@@ -243,6 +298,7 @@ def main():
     heads = [int(x) for x in a.heads.split(",") if x]
     tokens = [int(x) for x in a.tokens.split(",") if x]
     sweep_tokens = {int(x) for x in a.sweep_tokens.split(",") if x}
+    sweep_formats = [x for x in a.sweep_formats.split(",") if x]
 
     if SMOKE:
         class _P:
@@ -252,8 +308,16 @@ def main():
         props = torch.cuda.get_device_properties(0)
         cap = torch.cuda.get_device_capability(0)
     log(f"device: {props.name} sm_{cap[0]}{cap[1]} SMs={props.multi_processor_count} L2={props.L2_cache_size >> 20} MiB")
-    log(f"torch {torch.__version__} triton {triton.__version__}; fp8 decode: "
-        f"{'native' if sm.fp8_decode_native(cap) else 'manual'}")
+    fp8_decode = sm.fp8_decode_method(cap, QDT, not SMOKE)
+    # the other decodes this target can run, timed (graph) for comparison through GLM5_SPARSE_MLA_FP8_DECODE
+    alt_decodes = [m for m in (a.fp8_decodes.split(",") if a.fp8_decodes else
+                               ["f16ptx", "bf16ptx"] if cap >= (8, 9) else ["f16bits", "bf16ptx"])
+                   if m and m != fp8_decode]
+    if SMOKE:
+        alt_decodes = [m for m in alt_decodes if not m.endswith("ptx")]
+    sweep_decodes = [x for x in a.sweep_decodes.split(",") if x] or [fp8_decode]
+    log(f"torch {torch.__version__} triton {triton.__version__}; fp8 decode: {fp8_decode}; "
+        f"also timed: {alt_decodes}")
     bw, peak = measure_ceilings()
     log(f"ceilings: copy {bw / 1e12:.2f} TB/s, bf16 matmul {peak / 1e12:.0f} TFLOP/s")
 
@@ -286,18 +350,19 @@ def main():
                     if not (err <= TOL[fmt] and lerr <= 2e-3):
                         log(f"!! H={H} T={T} {fmt}: relative error {err:.2e}, lse error {lerr:.2e} above bounds")
                     rec[key] = bench_eager(lambda: sm.sparse_mla_attention(q, cache, idx, SCALE, kv_format=fmt))
-                    if fmt == "fp8_ds_mla" and sm.fp8_decode_native(cap):
-                        # the integer decode, for comparison with the native cvt (GLM5_SPARSE_MLA_FP8_DECODE)
-                        os.environ["GLM5_SPARSE_MLA_FP8_DECODE"] = "manual"
-                        try:
-                            rec["ours_fp8_manual_decode"] = bench_eager(
-                                lambda: sm.sparse_mla_attention(q, cache, idx, SCALE, kv_format=fmt))
-                        finally:
-                            os.environ.pop("GLM5_SPARSE_MLA_FP8_DECODE", None)
                     if not a.no_graph:
                         fns = [(lambda ix=ix: sm.sparse_mla_attention(q, cache, ix, SCALE, kv_format=fmt))
                                for ix in idx_sets]
                         rec[f"{key}_graph"] = bench_graph(fns)
+                        for m in (alt_decodes if fmt == "fp8_ds_mla" else []):
+                            os.environ["GLM5_SPARSE_MLA_FP8_DECODE"] = m
+                            try:
+                                err_m, _ = check(q, cache, idx, fmt)
+                                if err_m > TOL[fmt]:
+                                    log(f"!! H={H} T={T} fp8 decode {m}: relative error {err_m:.2e}")
+                                rec[f"ours_fp8_graph_{m}"] = bench_graph(fns)
+                            finally:
+                                os.environ.pop("GLM5_SPARSE_MLA_FP8_DECODE", None)
                 except Exception as e:  # noqa: BLE001
                     log(f"!! ours {fmt} H={H} T={T} failed: {type(e).__name__}: {e}")
                     traceback.print_exc()
@@ -309,72 +374,64 @@ def main():
                 except Exception as e:  # noqa: BLE001
                     log(f"{name} H={H} T={T}: n/a ({type(e).__name__}: {str(e)[:200]})")
                     torch.cuda.synchronize()
-            tile_b = sm.select_fwd_tile(cap, QDT, "bf16", H)
-            tile_f = sm.select_fwd_tile(cap, QDT, "fp8_ds_mla", H)
+            tile_b = sm.select_fwd_tile(cap, QDT, "bf16", H, T, TOPK, props.multi_processor_count)
+            tile_f = sm.select_fwd_tile(cap, QDT, "fp8_ds_mla", H, T, TOPK, props.multi_processor_count)
             rec["splits_bf16"] = sm.choose_num_splits(T, H, TOPK, props.multi_processor_count, tile_b.block_h,
                                                       tile_b.block_n, tile_b.occupancy, 1152)
             rec["splits_fp8"] = sm.choose_num_splits(T, H, TOPK, props.multi_processor_count, tile_f.block_h,
                                                      tile_f.block_n, tile_f.occupancy, 656)
             rows.append(rec)
+            write_report(out_dir, props, cap, bw, peak, a, rows, sweep_rows, fp8_decode, alt_decodes, final=False)
             log(json.dumps({k: (round(v, 2) if isinstance(v, float) and v > 1e-2 else v) for k, v in rec.items()}))
 
             if a.sweep and T in sweep_tokens:
                 for fmt, cache in (("bf16", kv), ("fp8_ds_mla", kv8)):
-                    best = None
-                    for tile in sweep_tiles(cap, fmt):
-                        n_tiles = triton.cdiv(TOPK, tile.block_n)
-                        auto = sm.choose_num_splits(T, H, TOPK, props.multi_processor_count, tile.block_h,
-                                                    tile.block_n, 1, 1152 if fmt == "bf16" else 656)
-                        for splits in sorted({1, auto, max(1, auto // 2), auto * 2}):
-                            if splits > min(sm.MAX_SPLITS, n_tiles):
-                                continue
-                            if T * triton.cdiv(H, tile.block_h) * splits > 64 * props.multi_processor_count:
-                                continue
-                            kw = dict(tile=tile, num_splits=splits)
-                            try:
-                                err, _ = check(q, cache, idx, fmt, **kw)
-                                us = bench_eager(lambda: sm.sparse_mla_attention(q, cache, idx, SCALE,
-                                                                                 kv_format=fmt, **kw), rep=50)
-                            except Exception as e:  # noqa: BLE001
-                                log(f"sweep {fmt} H={H} T={T} {tile} S={splits}: {type(e).__name__}: {str(e)[:160]}")
-                                continue
-                            srec = dict(heads=H, tokens=T, kv_format=fmt, splits=splits, us=us, relerr=err,
-                                        **{f"tile_{k}": v for k, v in tile.__dict__.items()})
-                            sweep_rows.append(srec)
-                            if err <= TOL[fmt] and (best is None or us < best["us"]):
-                                best = srec
-                    if best:
-                        dflt = rec.get("ours_bf16" if fmt == "bf16" else "ours_fp8")
-                        log(f"SWEEP best {fmt} H={H} T={T}: {best['us']:.1f} µs (default {dflt and round(dflt, 1)}) "
-                            f"tile=({best['tile_block_h']},{best['tile_block_n']},w{best['tile_num_warps']},"
-                            f"s{best['tile_num_stages']},pf={int(best['tile_prefetch'])}) splits={best['splits']}")
+                    if fmt not in sweep_formats:
+                        continue
+                    for decode in (sweep_decodes if fmt == "fp8_ds_mla" else [None]):
+                        if decode:
+                            os.environ["GLM5_SPARSE_MLA_FP8_DECODE"] = decode
+                        try:
+                            sweep_shape(a, props, H, T, q, fmt, cache, idx, idx_sets, rec, sweep_rows, decode)
+                        finally:
+                            os.environ.pop("GLM5_SPARSE_MLA_FP8_DECODE", None)
+            write_report(out_dir, props, cap, bw, peak, a, rows, sweep_rows, fp8_decode, alt_decodes, final=False)
 
+    write_report(out_dir, props, cap, bw, peak, a, rows, sweep_rows, fp8_decode, alt_decodes)
+
+
+def write_report(out_dir, props, cap, bw, peak, a, rows, sweep_rows, fp8_decode, alt_decodes, final=True):
+    """sparse_mla.md + sparse_mla.json from the rows so far (written after every row: a run cut short by a time
+    limit still leaves its table)."""
     def f(v):
         return "n/a" if v is None else f"{v:.1f}"
 
     hdr = ("| heads | tokens | floor bf16 | ours bf16 | ours bf16 graph | floor fp8 | ours fp8 | ours fp8 graph "
-           "| ours fp8 int-decode | vLLM Triton | FlashMLA bf16 | FlashMLA fp8 | rel.err bf16 / fp8 "
-           "| splits bf16 / fp8 |")
+           f"| ours fp8 graph, {' / '.join(alt_decodes) or '-'} decode | vLLM Triton | FlashMLA bf16 | FlashMLA fp8 "
+           "| rel.err bf16 / fp8 | splits bf16 / fp8 |")
     lines = [f"# Sparse MLA on {props.name} (sm_{cap[0]}{cap[1]}, {props.multi_processor_count} SMs)", "",
              f"copy {bw / 1e12:.2f} TB/s, bf16 matmul {peak / 1e12:.0f} TFLOP/s (measured in this run); "
              f"KV pool {a.pool} tokens; top-k {TOPK}; µs = median of triton.testing.do_bench (L2 flushed); "
-             "'graph' = per call inside a CUDA graph rotating index sets.", "", hdr,
+             f"'graph' = per call inside a CUDA graph rotating index sets; fp8 decode {fp8_decode}.", "", hdr,
              "|" + "---|" * (hdr.count("|") - 1)]
     for r in rows:
         lines.append(
             f"| {r['heads']} | {r['tokens']} | {f(r.get('floor_bf16'))} | {f(r.get('ours_bf16'))} | "
             f"{f(r.get('ours_bf16_graph'))} | {f(r.get('floor_fp8'))} | {f(r.get('ours_fp8'))} | "
-            f"{f(r.get('ours_fp8_graph'))} | {f(r.get('ours_fp8_manual_decode'))} | {f(r.get('vllm_triton'))} | {f(r.get('flashmla_bf16'))} | "
+            f"{f(r.get('ours_fp8_graph'))} | "
+            f"{' / '.join(f(r.get('ours_fp8_graph_' + m)) for m in alt_decodes) or '-'} | "
+            f"{f(r.get('vllm_triton'))} | {f(r.get('flashmla_bf16'))} | "
             f"{f(r.get('flashmla_fp8'))} | {r.get('ours_bf16_relerr', float('nan')):.1e} / "
             f"{r.get('ours_fp8_relerr', float('nan')):.1e} | {r['splits_bf16']} / {r['splits_fp8']} |")
     md = "\n".join(lines) + "\n"
-    print(md)
     (out_dir / "sparse_mla.md").write_text(md)
     meta = dict(device=props.name, capability=list(cap), sms=props.multi_processor_count, copy_bw=bw,
                 bf16_peak=peak, pool=a.pool, topk=TOPK, torch=torch.__version__, triton=triton.__version__,
-                fp8_decode="native" if sm.fp8_decode_native(cap) else "manual")
+                fp8_decode=fp8_decode, fp8_decodes_compared=alt_decodes, complete=final)
     (out_dir / "sparse_mla.json").write_text(json.dumps(dict(meta=meta, rows=rows, sweep=sweep_rows), indent=1))
-    log(f"wrote {out_dir / 'sparse_mla.md'} and {out_dir / 'sparse_mla.json'}")
+    if final:
+        print(md)
+        log(f"wrote {out_dir / 'sparse_mla.md'} and {out_dir / 'sparse_mla.json'}")
 
 
 if __name__ == "__main__":
