@@ -52,50 +52,35 @@ def e4m3_bytes_to_bf16_scaled(x):
     return bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
 
 
+def _spread_shift_mask_ptx(shift: int, mag_mask: int) -> tl.constexpr:
+    """PTX for four e4m3 bytes in one register -> two registers of 16-bit pairs: two byte permutes put each byte in
+    the high byte of a 16-bit lane (b << 8), then per pair the sign stays at bit 15 and the 7 exponent+mantissa bits
+    move down by ``shift`` (masked by ``mag_mask``).  Integer instructions present on sm_80 and newer."""
+    lines = ["{", ".reg .b32 z, lo, hi, s;", "mov.b32 z, 0;",
+             "prmt.b32 lo, $2, z, 0x1404;", "prmt.b32 hi, $2, z, 0x3424;"]
+    for half, out in (("lo", "$0"), ("hi", "$1")):
+        lines += [f"shr.b32 s, {half}, {shift};", f"and.b32 s, s, {mag_mask:#010x};",
+                  f"and.b32 {half}, {half}, 0x80008000;", f"or.b32 {out}, {half}, s;"]
+    return tl.constexpr("\n".join(lines + ["}"]))
+
+
+_BF16_PTX = _spread_shift_mask_ptx(4, 0x07F007F0)  # bits 14..8 -> 10..4: bf16 exponent/mantissa, value * 2**-120
+_F16_PTX = _spread_shift_mask_ptx(1, 0x3F803F80)  # bits 14..8 -> 13..7: fp16 exponent/mantissa, value / 2**8
+
+
 @triton.jit
 def e4m3_bytes_to_bf16_scaled_ptx(x):
-    """Same result as :func:`e4m3_bytes_to_bf16_scaled`, four bytes per register at a time: two byte permutes
-    spread the bytes to the high byte of each 16-bit lane, then a shift, two masks and an or per pair (all
-    integer-pipe instructions present on sm_80 and newer).  ``x`` must be uint8 (four per 32-bit register)."""
-    return tl.inline_asm_elementwise(
-        asm="""{
-        .reg .b32 z, lo, hi, s;
-        mov.b32 z, 0;
-        prmt.b32 lo, $2, z, 0x1404;
-        prmt.b32 hi, $2, z, 0x3424;
-        shr.b32 s, lo, 4;
-        and.b32 s, s, 0x07F007F0;
-        and.b32 lo, lo, 0x80008000;
-        or.b32 $0, lo, s;
-        shr.b32 s, hi, 4;
-        and.b32 s, s, 0x07F007F0;
-        and.b32 hi, hi, 0x80008000;
-        or.b32 $1, hi, s;
-        }""",
-        constraints="=r,=r,r", args=[x], dtype=tl.bfloat16, is_pure=True, pack=4)
+    """Same result as :func:`e4m3_bytes_to_bf16_scaled`, four bytes per register at a time (``x`` must be uint8)."""
+    return tl.inline_asm_elementwise(asm=_BF16_PTX, constraints="=r,=r,r", args=[x], dtype=tl.bfloat16,
+                                     is_pure=True, pack=4)
 
 
 @triton.jit
 def e4m3_bytes_to_f16_div256_ptx(x):
     """e4m3 bytes (uint8) -> fp16 holding value / 2**8 (the fp16 twin of the bf16 trick: the 7 exponent+mantissa
-    bits shifted left by 7 land one bias step low), four bytes per register: two byte permutes, then a shift, two
-    masks and an or per pair; integer instructions present on sm_80 and newer."""
-    return tl.inline_asm_elementwise(
-        asm="""{
-        .reg .b32 z, lo, hi, s;
-        mov.b32 z, 0;
-        prmt.b32 lo, $2, z, 0x1404;
-        prmt.b32 hi, $2, z, 0x3424;
-        shr.b32 s, lo, 1;
-        and.b32 s, s, 0x3F803F80;
-        and.b32 lo, lo, 0x80008000;
-        or.b32 $0, lo, s;
-        shr.b32 s, hi, 1;
-        and.b32 s, s, 0x3F803F80;
-        and.b32 hi, hi, 0x80008000;
-        or.b32 $1, hi, s;
-        }""",
-        constraints="=r,=r,r", args=[x], dtype=tl.float16, is_pure=True, pack=4)
+    bits shifted left by 7 land one bias step low), four bytes per register at a time."""
+    return tl.inline_asm_elementwise(asm=_F16_PTX, constraints="=r,=r,r", args=[x], dtype=tl.float16,
+                                     is_pure=True, pack=4)
 
 
 def e4m3_bytes_to_bf16_scaled_torch(x):

@@ -29,11 +29,14 @@ def test_torch_twin_decodes_all_256_bytes():
 
 
 @triton.jit
-def _decode_kernel(src, dst, n, BLOCK: tl.constexpr):
+def _decode_kernel(src, dst, n, BLOCK: tl.constexpr, TO_BF16: tl.constexpr = False):
     offs = tl.arange(0, BLOCK)
     mask = offs < n
     x = tl.load(src + offs, mask=mask, other=0)
-    tl.store(dst + offs, e4m3_bytes_to_f32(x), mask=mask)
+    if TO_BF16:
+        tl.store(dst + offs, e4m3_bytes_to_bf16_scaled(x), mask=mask)
+    else:
+        tl.store(dst + offs, e4m3_bytes_to_f32(x), mask=mask)
 
 
 def test_triton_decoder_all_256_bytes():
@@ -46,14 +49,6 @@ def test_triton_decoder_all_256_bytes():
 @pytest.mark.parametrize("cap,native", [((8, 0), False), ((8, 6), False), ((8, 9), True), ((9, 0), True), ((12, 0), True)])
 def test_native_fp8_gate(cap, native):
     assert native_fp8_supported(cap) is native
-
-
-@triton.jit
-def _decode_bf16_kernel(src, dst, n, BLOCK: tl.constexpr):
-    offs = tl.arange(0, BLOCK)
-    mask = offs < n
-    x = tl.load(src + offs, mask=mask, other=0)
-    tl.store(dst + offs, e4m3_bytes_to_bf16_scaled(x), mask=mask)
 
 
 def _bf16_bits_exact(got_bf16, ref, finite):
@@ -75,5 +70,5 @@ def test_bf16_bit_trick_all_256_bytes_torch_twin():
 def test_bf16_bit_trick_all_256_bytes_triton():
     raw, ref, finite = _all_bytes_reference()
     out = torch.empty(256, dtype=torch.bfloat16)
-    _decode_bf16_kernel[(1,)](raw, out, 256, BLOCK=256)
+    _decode_kernel[(1,)](raw, out, 256, BLOCK=256, TO_BF16=True)
     _bf16_bits_exact(out, ref, finite)
