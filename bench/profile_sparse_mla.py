@@ -10,13 +10,14 @@ import argparse
 import pathlib
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+BENCH = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH.parent))
+sys.path.insert(0, str(BENCH))
 
 import torch  # noqa: E402
-import triton  # noqa: E402,F401  (before anything that may swap in vLLM's placeholder)
 
+import sparse_mla as bench  # noqa: E402  (bench/sparse_mla.py: the benchmark's own inputs and softmax scale)
 from glm5_shim.kernels import sparse_mla as sm  # noqa: E402
-from glm5_shim.kernels import sparse_mla_reference as ref  # noqa: E402
 
 
 def main():
@@ -27,18 +28,18 @@ def main():
     ap.add_argument("--pool", type=int, default=262144)
     ap.add_argument("--tile", default="", help="block_h,block_n,warps,stages[,prefetch][,split]")
     a = ap.parse_args()
-    g = torch.Generator(device="cuda").manual_seed(0)
-    kv = (torch.randn(a.pool // 64, 64, 576, generator=g, device="cuda") * 0.5)
-    cache = ref.quantize_fp8_ds_mla(kv) if a.kv_format == "fp8_ds_mla" else kv.to(torch.bfloat16)
-    q = (torch.randn(a.tokens, a.heads, 576, generator=g, device="cuda") * 0.5).to(torch.bfloat16)
-    idx = torch.stack([torch.randperm(a.pool, device="cuda", generator=g)[:2048] for _ in range(a.tokens)]).int()
+    kv, kv8 = bench.make_pool(a.pool)
+    cache = kv8 if a.kv_format == "fp8_ds_mla" else kv
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q = (torch.randn(a.tokens, a.heads, 576, generator=g, device="cuda") * 0.5).to(bench.QDT)
+    idx = bench.make_indices(a.tokens, a.pool, g)
     tile = None
     if a.tile:
         parts = a.tile.split(",")
         bh, bn, w, s = (int(x) for x in parts[:4])
         tile = sm.FwdTile(bh, bn, w, s, 1, prefetch="prefetch" in parts, split_loads="split" in parts)
     for _ in range(5):
-        sm.sparse_mla_attention(q, cache, idx, 256 ** -0.5, kv_format=a.kv_format, tile=tile)
+        sm.sparse_mla_attention(q, cache, idx, bench.SCALE, kv_format=a.kv_format, tile=tile)
     torch.cuda.synchronize()
     print("done", a, tile)
 

@@ -229,9 +229,8 @@ def tile_name(t):
             f"{',prefetch' if t.prefetch else ''}{',split' if t.split_loads else ''})")
 
 
-def sweep_shape(a, props, H, T, q, fmt, cache, idx, idx_sets, rec, sweep_rows, decode):
+def sweep_shape(a, props, cap, H, T, q, fmt, cache, idx, idx_sets, rec, sweep_rows, decode):
     """Time the alternative tiles (and split counts around the heuristic's) at one shape; log the best."""
-    cap = torch.cuda.get_device_capability(0) if not SMOKE else sm.CPU_DEFAULT_CAPABILITY
     best = None
     for tile in sweep_tiles(cap, fmt):
         n_tiles = triton.cdiv(TOPK, tile.block_n)
@@ -392,10 +391,11 @@ def main():
                         if decode:
                             os.environ["GLM5_SPARSE_MLA_FP8_DECODE"] = decode
                         try:
-                            sweep_shape(a, props, H, T, q, fmt, cache, idx, idx_sets, rec, sweep_rows, decode)
+                            sweep_shape(a, props, cap, H, T, q, fmt, cache, idx, idx_sets, rec, sweep_rows, decode)
                         finally:
                             os.environ.pop("GLM5_SPARSE_MLA_FP8_DECODE", None)
-            write_report(out_dir, props, cap, bw, peak, a, rows, sweep_rows, fp8_decode, alt_decodes, final=False)
+                write_report(out_dir, props, cap, bw, peak, a, rows, sweep_rows, fp8_decode, alt_decodes,
+                             final=False)
 
     write_report(out_dir, props, cap, bw, peak, a, rows, sweep_rows, fp8_decode, alt_decodes)
 
