@@ -211,10 +211,10 @@ def sweep_tiles(cap, kv_format):
     T = sm.FwdTile
     if kv_format == "fp8_ds_mla":
         # register-prefetch tiles (the pre-SPLIT_LOADS defaults) and Triton-pipelined split-load tiles
-        c = [T(16, 32, 8, 1, 1, True), T(32, 32, 8, 1, 1, True), T(16, 16, 4, 1, 2, True), T(16, 32, 4, 3, 2),
-             T(16, 32, 8, 5, 1, split_loads=True)]
+        c = [T(16, 64, 8, 1, 1, True), T(16, 32, 8, 1, 1, True), T(32, 32, 8, 1, 1, True), T(16, 16, 4, 1, 2, True),
+             T(16, 32, 4, 3, 2), T(16, 32, 8, 5, 1, split_loads=True)]
         if big:
-            c += [T(16, 64, 8, 1, 1, True), T(64, 32, 8, 3, 1), T(64, 16, 8, 3, 1), T(32, 32, 8, 3, 1),
+            c += [T(64, 32, 8, 3, 1), T(64, 16, 8, 3, 1), T(32, 32, 8, 3, 1),
                   T(64, 16, 8, 1, 1, True), T(16, 64, 8, 5, 1, split_loads=True)]
     else:
         c = [T(16, 32, 4, 5, 1), T(16, 16, 4, 5, 1), T(16, 32, 8, 5, 1), T(16, 32, 4, 3, 1), T(16, 32, 8, 1, 1, True),
@@ -287,9 +287,14 @@ def main():
                     "above 4 tokens")
     ap.add_argument("--fp8-decodes", default="", help="other fp8 decodes to time (graph), comma-separated; "
                     "default f16ptx,bf16ptx (sm_89+) or f16bits,bf16ptx")
+    ap.add_argument("--dtype", default="", choices=["", "bfloat16", "float16"],
+                    help="query (and bf16-format cache) dtype; default bfloat16 (float16 in the CPU smoke run). "
+                         "float16 is what GGUF serving picks on sm_100+ (sm_120 included)")
     ap.add_argument("--smoke-cpu", action="store_true", help="CPU/interpreter dry run of this script (tiny sizes)")
     a = ap.parse_args()
     globals()["TOPK"] = a.topk  # module-level default used by helpers
+    if a.dtype:
+        globals()["QDT"] = getattr(torch, a.dtype)
     if SMOKE:
         a.no_external, a.no_graph = True, True
     out_dir = pathlib.Path(a.out)
@@ -311,7 +316,7 @@ def main():
     # the other decodes this target can run, timed (graph) for comparison through GLM5_SPARSE_MLA_FP8_DECODE
     alt_decodes = [m for m in (a.fp8_decodes.split(",") if a.fp8_decodes else
                                ["f16ptx", "bf16ptx"] if cap >= (8, 9) else ["f16bits", "bf16ptx"])
-                   if m and m != fp8_decode]
+                   if m and m != fp8_decode and not (m.startswith("bf16") and QDT != torch.bfloat16)]
     if SMOKE:
         alt_decodes = [m for m in alt_decodes if not m.endswith("ptx")]
     sweep_decodes = [x for x in a.sweep_decodes.split(",") if x] or [fp8_decode]
@@ -412,7 +417,8 @@ def write_report(out_dir, props, cap, bw, peak, a, rows, sweep_rows, fp8_decode,
     lines = [f"# Sparse MLA on {props.name} (sm_{cap[0]}{cap[1]}, {props.multi_processor_count} SMs)", "",
              f"copy {bw / 1e12:.2f} TB/s, bf16 matmul {peak / 1e12:.0f} TFLOP/s (measured in this run); "
              f"KV pool {a.pool} tokens; top-k {TOPK}; µs = median of triton.testing.do_bench (L2 flushed); "
-             f"'graph' = per call inside a CUDA graph rotating index sets; fp8 decode {fp8_decode}.", "", hdr,
+             f"'graph' = per call inside a CUDA graph rotating index sets; queries {str(QDT)[6:]}; "
+             f"fp8 decode {fp8_decode}.", "", hdr,
              "|" + "---|" * (hdr.count("|") - 1)]
     for r in rows:
         lines.append(

@@ -17,9 +17,9 @@ Design (decode is what matters: one token, 78 layers):
 * The split count is a function of shapes and the SM count only (no host sync; CUDA-graph capturable).
 * Tiles of a token's list are dealt round-robin to the splits, so the ``-1`` tail of a short-context list is
   spread evenly instead of idling whole programs.
-* ``fp8_ds_mla``: the e4m3 latent is decoded exactly into the query dtype: by the sm_89+ conversion (measured
-  fastest on the H200), below sm_89 by a packed PTX bit trick (a byte shifted into bf16's fields is the value times
-  2**-120; into fp16's, the value / 2**8).  The known power of two and the per-128 fp32 scales are folded into the
+* ``fp8_ds_mla``: the e4m3 latent is decoded exactly into the dots' dtype (bf16 for fp16 queries too, see
+  compute_dtype): by the sm_89+ conversion (measured fastest on the H200), below sm_89 by a packed PTX bit trick (a
+  byte shifted into bf16's fields is the value times 2**-120; into fp16's, the value / 2**8).  The known power of two and the per-128 fp32 scales are folded into the
   fp32 scores (QK) and into P (PV): ``4 * BLOCK_H`` multiplies per gathered row instead of 512.  The rope stays bf16.
 * Gather latency is hidden by double-buffered ``cp.async`` (bf16 cache, Triton's pipeliner at ``num_stages=5``)
   or by a hand-written register prefetch of the next tile (fp8 cache: Triton will not pipeline a load that feeds
@@ -110,6 +110,17 @@ def _decode_e4m3(raw, DT: tl.constexpr, FP8_DECODE: tl.constexpr):
 
 
 @triton.jit
+def _to_compute(x, COMPUTE: tl.constexpr):
+    """Query values in the dtype the dots take (COMPUTE: "q" keeps q's dtype; see compute_dtype)."""
+    y = x
+    if COMPUTE == "bf16":
+        y = x.to(tl.float32).to(tl.bfloat16)  # Triton's direct f16 -> bf16 is a cvt ptxas rejects below sm_90
+    elif COMPUTE == "f32":
+        y = x.to(tl.float32)
+    return y
+
+
+@triton.jit
 def _load_idx(idx_row, tile, K, BLOCK_N: tl.constexpr):
     offs = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     return tl.load(idx_row + offs, mask=offs < K, other=-1)
@@ -166,11 +177,10 @@ def _load_tile(kv_ptr, row, valid, IS_FP8: tl.constexpr):
 
 @triton.jit
 def _attend_tile(q0, q1, q2, q3, qr, c0, c1, c2, c3, v0, v1, v2, v3, kr, s0, s1, s2, s3, valid,
-                 m_i, l_i, g_i, acc0, acc1, acc2, acc3, sm_scale_log2,
+                 m_i, l_i, acc0, acc1, acc2, acc3, sm_scale_log2,
                  IS_FP8: tl.constexpr, FP8_DECODE: tl.constexpr):
-    """Online-softmax update of (m, l, g, acc) with one gathered tile: c* are the latent chunks for QK, v* the same
-    chunks for PV (the same values, possibly from a second load: SPLIT_LOADS).  ``g`` is the unit the fp8 cache
-    with fp16 queries keeps acc in (acc * g is the true sum); 1 elsewhere."""
+    """Online-softmax update of (m, l, acc) with one gathered tile: c* are the latent chunks for QK, v* the same
+    chunks for PV (the same values, possibly from a second load: SPLIT_LOADS)."""
     DT: tl.constexpr = q0.dtype
     # fp32 is the exactness check in tests; on a GPU keep it out of tf32
     PREC: tl.constexpr = "ieee" if DT == tl.float32 else "tf32"
@@ -216,17 +226,8 @@ def _attend_tile(q0, q1, q2, q3, qr, c0, c1, c2, c3, v0, v1, v2, v3, kr, s0, s1,
     alpha = tl.exp2(m_i - m_use)
     p = tl.exp2(s - m_use[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    if IS_FP8 and DT == tl.float16:
-        # fp16 P has fp16's range: P * scale would leave it (subnormal) for small scales.  Scale P's columns by
-        # scale / g with g the tile's largest scale (so they stay <= 1) and keep acc in units of g: moving to a
-        # new unit is one more factor in the rescale acc already does.
-        g_tile = tl.maximum(tl.maximum(tl.max(s0, 0), tl.max(s1, 0)), tl.maximum(tl.max(s2, 0), tl.max(s3, 0)))
-        g_new = tl.where(g_tile > 0.0, g_tile * PV_F, g_i)
-        alpha = alpha * (g_i / g_new)
-        g_i = g_new
-        f_pv = PV_F / g_new
-    else:
-        f_pv = PV_F if IS_FP8 else 1.0
+    # P's columns carry the per-128 scales (and K_F): fp8 dots run in bf16 or fp32, whose range holds P * scale
+    f_pv = PV_F if IS_FP8 else 1.0
     acc0 = acc0 * alpha[:, None]
     acc1 = acc1 * alpha[:, None]
     acc2 = acc2 * alpha[:, None]
@@ -242,7 +243,7 @@ def _attend_tile(q0, q1, q2, q3, qr, c0, c1, c2, c3, v0, v1, v2, v3, kr, s0, s1,
         acc1 = tl.dot(pd, w1, acc1, input_precision=PREC)
         acc2 = tl.dot(pd, w2, acc2, input_precision=PREC)
         acc3 = tl.dot(pd, w3, acc3, input_precision=PREC)
-    return m_new, l_i, g_i, acc0, acc1, acc2, acc3
+    return m_new, l_i, acc0, acc1, acc2, acc3
 
 
 # Integer arguments that change with the batch but never with alignment are not specialised (Triton would compile
@@ -260,6 +261,7 @@ def _sparse_mla_fwd_kernel(
     stride_lt, stride_ls, stride_lh,
     IS_FP8: tl.constexpr,
     FP8_DECODE: tl.constexpr,
+    COMPUTE: tl.constexpr,
     WRITE_PARTIAL: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -278,11 +280,12 @@ def _sparse_mla_fwd_kernel(
     d = tl.arange(0, 128)
     dr = tl.arange(0, 64)
     q_row = q_ptr + t * stride_qt + heads[:, None] * stride_qh
-    q0 = tl.load(q_row + d[None, :], mask=hmask[:, None], other=0.0)
-    q1 = tl.load(q_row + (128 + d)[None, :], mask=hmask[:, None], other=0.0)
-    q2 = tl.load(q_row + (256 + d)[None, :], mask=hmask[:, None], other=0.0)
-    q3 = tl.load(q_row + (384 + d)[None, :], mask=hmask[:, None], other=0.0)
-    qr = tl.load(qpe_ptr + t * stride_pt + heads[:, None] * stride_ph + dr[None, :], mask=hmask[:, None], other=0.0)
+    q0 = _to_compute(tl.load(q_row + d[None, :], mask=hmask[:, None], other=0.0), COMPUTE)
+    q1 = _to_compute(tl.load(q_row + (128 + d)[None, :], mask=hmask[:, None], other=0.0), COMPUTE)
+    q2 = _to_compute(tl.load(q_row + (256 + d)[None, :], mask=hmask[:, None], other=0.0), COMPUTE)
+    q3 = _to_compute(tl.load(q_row + (384 + d)[None, :], mask=hmask[:, None], other=0.0), COMPUTE)
+    qr = _to_compute(tl.load(qpe_ptr + t * stride_pt + heads[:, None] * stride_ph + dr[None, :],
+                             mask=hmask[:, None], other=0.0), COMPUTE)
     BF16_DECODE: tl.constexpr = IS_FP8 and ((FP8_DECODE == "bf16bits") or (FP8_DECODE == "bf16ptx"))
     if BF16_DECODE:
         # K comes as value * 2**-120: lift the latent q by 2**64 (exact in bf16) so q.k stays far from fp32's
@@ -294,7 +297,6 @@ def _sparse_mla_fwd_kernel(
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
-    g_i = 1.0
     acc0 = tl.zeros([BLOCK_H, 128], tl.float32)
     acc1 = tl.zeros([BLOCK_H, 128], tl.float32)
     acc2 = tl.zeros([BLOCK_H, 128], tl.float32)
@@ -315,9 +317,9 @@ def _sparse_mla_fwd_kernel(
             valid_b, row_b = _rows(idx_b, num_slots, block_size, stride_kb, stride_kr)
             n0, n1, n2, n3, nr, t0, t1, t2, t3 = _load_tile(kv_ptr, row_b, valid_b, IS_FP8)
             idx_b = _load_idx(idx_row, split + (it + 2) * splits, K, BLOCK_N)
-            m_i, l_i, g_i, acc0, acc1, acc2, acc3 = _attend_tile(
+            m_i, l_i, acc0, acc1, acc2, acc3 = _attend_tile(
                 q0, q1, q2, q3, qr, c0, c1, c2, c3, c0, c1, c2, c3, kr, s0, s1, s2, s3, valid_a,
-                m_i, l_i, g_i, acc0, acc1, acc2, acc3, sm_scale_log2, IS_FP8, FP8_DECODE)
+                m_i, l_i, acc0, acc1, acc2, acc3, sm_scale_log2, IS_FP8, FP8_DECODE)
             c0, c1, c2, c3, kr, s0, s1, s2, s3 = n0, n1, n2, n3, nr, t0, t1, t2, t3
             valid_a = valid_b
     else:
@@ -337,15 +339,14 @@ def _sparse_mla_fwd_kernel(
                 v0, v1, v2, v3 = _load_latent(kv_ptr, row, valid, 1)
             else:
                 v0, v1, v2, v3 = c0, c1, c2, c3
-            m_i, l_i, g_i, acc0, acc1, acc2, acc3 = _attend_tile(
+            m_i, l_i, acc0, acc1, acc2, acc3 = _attend_tile(
                 q0, q1, q2, q3, qr, c0, c1, c2, c3, v0, v1, v2, v3, kr, s0, s1, s2, s3, valid,
-                m_i, l_i, g_i, acc0, acc1, acc2, acc3, sm_scale_log2, IS_FP8, FP8_DECODE)
+                m_i, l_i, acc0, acc1, acc2, acc3, sm_scale_log2, IS_FP8, FP8_DECODE)
 
     has = l_i > 0.0
     inv_l = tl.where(has, 1.0 / tl.where(has, l_i, 1.0), 0.0)
     if BF16_DECODE:
         inv_l = inv_l * BF16_OUT_F  # P carried 2**96, K 2**-120
-    inv_l = inv_l * g_i  # acc was kept in units of g (fp8 cache with fp16 queries; 1 elsewhere)
     o_row = out_ptr + t * stride_ot + split * stride_os + heads[:, None] * stride_oh
     ODT: tl.constexpr = out_ptr.dtype.element_ty
     tl.store(o_row + d[None, :], (acc0 * inv_l[:, None]).to(ODT), mask=hmask[:, None])
@@ -455,14 +456,17 @@ def _fwd_tiles(capability: tuple[int, int], dtype: torch.dtype, kv_format: str) 
             t32 = FwdTile(32, 32, 8, 1, 1, prefetch=True)   # 74 KiB, 246 regs (64 heads + prefetch spills)
             # H200 sweep, bf16 q, 64 heads: 64 heads/program without the register prefetch (each row gathered and
             # decoded once per token) beats t32 at T=64 (231 vs 260 us) and T=256 (648 vs 1014 us).  132 KiB,
-            # 255 regs, no spill with bf16 q (fp16 q spills ~100 B: not measured, keeps t32); sm_90 only (measured).
+            # 255 regs, no spill (fp16 queries compute in bf16 here too: compute_dtype); sm_90 only (measured).
             t64 = FwdTile(64, 32, 8, 3, 1) if cap[0] == 9 and dtype == torch.bfloat16 else t32
             return {16: t16, 32: t32, 64: t64}
         return {16: FwdTile(16, 32, 4, 5, 2),                # 94 KiB, 194 regs
                 32: FwdTile(32, 32, 8, 5, 1),                # 113 KiB, 151 regs
                 64: FwdTile(64, 32, 8, 5, 1)}                # 185 KiB, 252 regs
     if fp8:
-        t16 = FwdTile(16, 32, 8, 1, 1, prefetch=True)       # 55 KiB, 188 regs
+        # 64 rows a tile, as on sm_90: on the H200 as a stand-in (the same mma.sync code at 16 heads) it beats
+        # (16, 32) by 24% at 8 heads x 256 tokens (304 vs 399 us) and 21% at 64 tokens (88.5 vs 111.5 us), graph;
+        # not measured on sm_120/8x hardware.  92 KiB, 247-255 regs, no spill on sm_120/121/89/86/80.
+        t16 = FwdTile(16, 64, 8, 1, 1, prefetch=True)
         t32 = FwdTile(32, 32, 8, 1, 1, prefetch=True)       # 74 KiB, 234 regs
         return {16: t16, 32: t32, 64: t32}
     return {16: FwdTile(16, 32, 4, 5, 1),                    # 94 KiB, 184 regs
@@ -474,12 +478,30 @@ def _head_class(num_heads: int) -> int:
     return 16 if num_heads <= 16 else (32 if num_heads <= 32 else 64)
 
 
+def compute_dtype(q_dtype: torch.dtype, kv_format: str, on_gpu: bool = True) -> torch.dtype:
+    """The dtype the kernel's dots take: the queries' own, except fp16 queries on the fp8_ds_mla cache (what GGUF
+    serving runs on sm_100+, sm_120 included).  Those are rounded to bf16 on a GPU: fp16 P * scale leaves fp16's
+    range for caches far from unit scale, and keeping it in range took a per-tile rescale that cost ~25% (H200,
+    8 heads x 256 tokens: 377 vs 303 us); bf16's rounding (2**-9) is far below the cache's own e4m3 quantisation
+    (2**-4 a value).  In the interpreter, whose bf16 dots are wrong, they run in fp32."""
+    if kv_format == "fp8_ds_mla" and q_dtype == torch.float16:
+        return torch.bfloat16 if on_gpu else torch.float32
+    return q_dtype
+
+
+def _compute_name(q_dtype: torch.dtype, kv_format: str, on_gpu: bool) -> str:
+    """The COMPUTE constexpr: "q" (the queries' dtype), "bf16" or "f32"."""
+    cdt = compute_dtype(q_dtype, kv_format, on_gpu)
+    return "q" if cdt == q_dtype else ("bf16" if cdt == torch.bfloat16 else "f32")
+
+
 def fp8_decode_method(capability: tuple[int, int], dtype: torch.dtype, on_gpu: bool = True) -> str:
     """The FP8_DECODE the fp8_ds_mla kernel uses for queries of ``dtype`` on ``capability`` (see FP8_DECODES).
 
     Default: the native conversion from sm_89 on (measured fastest on an H200, bench/RESULTS.md 2026-11-30);
-    below sm_89, which has none, the packed PTX bit trick into the query dtype (plain Triton in the interpreter).
+    below sm_89, which has none, the packed PTX bit trick into the compute dtype (plain Triton in the interpreter).
     ``GLM5_SPARSE_MLA_FP8_DECODE=<method>`` overrides it (benchmarking); a method this case cannot use is refused."""
+    dtype = compute_dtype(dtype, "fp8_ds_mla", on_gpu)
     if dtype == torch.float32:
         return "f32"
     mode = os.environ.get("GLM5_SPARSE_MLA_FP8_DECODE", "auto").strip().lower() or "auto"
@@ -494,7 +516,7 @@ def fp8_decode_method(capability: tuple[int, int], dtype: torch.dtype, on_gpu: b
     elif mode == "cvt" and not native_fp8_supported(capability):
         why = f"cvt needs sm_89 or newer, this is sm_{capability[0]}{capability[1]}"
     elif mode.startswith("bf16") and dtype != torch.bfloat16:
-        why = f"{mode} decodes to bf16, the queries are {dtype}"
+        why = f"{mode} decodes to bf16, the dots run in {dtype}"
     elif mode.endswith("ptx") and not on_gpu:
         why = f"{mode} is PTX: GPU only (the interpreter takes {mode[:-3]}bits)"
     if why:
@@ -507,7 +529,7 @@ def select_fwd_tile(capability, dtype, kv_format, num_heads, num_tokens: Optiona
     """The tile for ``num_heads``' class; given the launch's tokens, top-k and SM count, a decode of so few tokens
     that wide-head programs cannot fill the GPU even at the largest split count takes the 16-head tile instead
     (more, shorter programs: 64 heads at T=1 run as 4 x 32 programs rather than 1 x 32)."""
-    tiles = _fwd_tiles(tuple(capability), dtype, kv_format)
+    tiles = _fwd_tiles(tuple(capability), compute_dtype(dtype, kv_format), kv_format)
     tile = tiles[_head_class(num_heads)]
     if num_tokens is None or topk is None or num_sms is None or tile.block_h <= 16:
         return tile
@@ -536,11 +558,12 @@ def kernel_configs(capability, dtype, kv_format) -> list[KernelConfig]:
         return []
     is_fp8 = kv_format == "fp8_ds_mla"
     decode = fp8_decode_method(cap, dtype) if is_fp8 else NO_FP8_DECODE
+    compute = _compute_name(dtype, kv_format, True)
     seen, out = set(), []
-    for tile in _fwd_tiles(cap, dtype, kv_format).values():
+    for tile in _fwd_tiles(cap, compute_dtype(dtype, kv_format), kv_format).values():
         for partial in (False, True):
             cfg = KernelConfig("fwd", tuple(sorted(dict(
-                IS_FP8=is_fp8, FP8_DECODE=decode, WRITE_PARTIAL=partial, PREFETCH=tile.prefetch,
+                IS_FP8=is_fp8, FP8_DECODE=decode, COMPUTE=compute, WRITE_PARTIAL=partial, PREFETCH=tile.prefetch,
                 SPLIT_LOADS=tile.split_loads,
                 BLOCK_H=tile.block_h, BLOCK_N=tile.block_n).items())), tile.num_warps, tile.num_stages)
             if cfg not in seen:
@@ -658,7 +681,7 @@ class _Plan(NamedTuple):
 
 
 @functools.lru_cache(maxsize=4096)
-def _launch_plan(cap, sms, dtype, kv_format, decode, T, H, K, num_splits, tile) -> _Plan:
+def _launch_plan(cap, sms, dtype, kv_format, decode, T, H, K, num_splits, tile, compute="q") -> _Plan:
     if tile is None:
         tile = select_fwd_tile(cap, dtype, kv_format, H, T, K, sms)
     num_hb = triton.cdiv(H, tile.block_h)
@@ -668,7 +691,8 @@ def _launch_plan(cap, sms, dtype, kv_format, decode, T, H, K, num_splits, tile) 
                                        FP8_ROW_BYTES if kv_format == "fp8_ds_mla" else 2 * D_QK)
     # every split needs a tile, and the combine kernel reads at most MAX_SPLITS partials
     num_splits = max(1, min(int(num_splits), n_tiles, MAX_SPLITS))
-    fwd_kwargs = dict(IS_FP8=kv_format == "fp8_ds_mla", FP8_DECODE=decode, WRITE_PARTIAL=num_splits > 1,
+    fwd_kwargs = dict(IS_FP8=kv_format == "fp8_ds_mla", FP8_DECODE=decode, COMPUTE=compute,
+                      WRITE_PARTIAL=num_splits > 1,
                       BLOCK_H=tile.block_h, BLOCK_N=tile.block_n, PREFETCH=tile.prefetch,
                       SPLIT_LOADS=tile.split_loads,
                       num_warps=tile.num_warps, num_stages=tile.num_stages)
@@ -709,8 +733,9 @@ def sparse_mla_attention(q, kv_cache: torch.Tensor, indices: torch.Tensor, sm_sc
         slot yields ``out = 0`` and ``lse = -inf``.
 
     Numerics: 16-bit dot inputs, fp32 accumulation and softmax; P is rounded to q's dtype before PV (as in
-    FlashAttention/FlashMLA).  fp8_ds_mla: the e4m3 values are decoded exactly into q's dtype; with fp16 queries P's
-    columns carry scale / (the tile's largest scale), so they stay <= 1 and clear of fp16's subnormals.
+    FlashAttention/FlashMLA).  fp8_ds_mla: the e4m3 values are decoded exactly into the dots' dtype, which is q's
+    except for fp16 queries: those are rounded to bf16 on a GPU (fp32 in the interpreter), see :func:`compute_dtype`;
+    the output is still q's dtype.
 
     No host synchronisation; the split count depends only on shapes and the SM count, so a call with fixed T is
     CUDA-graph capturable (pass ``workspace``/``out``/``lse`` to keep all memory outside the graph pool).
@@ -782,7 +807,8 @@ def sparse_mla_attention(q, kv_cache: torch.Tensor, indices: torch.Tensor, sm_sc
         sms = num_sms
     # read per call (not cached): the decode override is an environment variable that benchmarks flip
     decode = fp8_decode_method(cap, dtype, is_cuda) if kv_format == "fp8_ds_mla" else NO_FP8_DECODE
-    plan = _launch_plan(cap, sms, dtype, kv_format, decode, T, H, K, num_splits, tile)
+    plan = _launch_plan(cap, sms, dtype, kv_format, decode, T, H, K, num_splits, tile,
+                        _compute_name(dtype, kv_format, is_cuda))
 
     os_ = out.stride()
     ls = lse.stride()

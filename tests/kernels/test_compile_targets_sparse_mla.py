@@ -206,17 +206,17 @@ def test_every_config_compiles_within_smem(report, cap):
 
 
 def test_fp8_decodes_fit_their_targets(report):
-    # the conversion from sm_89 on; below, the packed PTX bit trick into the query dtype (prmt/lop3 are sm_80)
+    # the conversion from sm_89 on; below, the packed PTX bit trick into bf16 (prmt/lop3 are sm_80): the fp8 cache's
+    # dots are bf16 for fp16 queries too
     for r in report:
         if r["kernel"] != "fwd":
             continue
-        decode = r["constexprs"]["FP8_DECODE"]
+        decode, compute = r["constexprs"]["FP8_DECODE"], r["constexprs"]["COMPUTE"]
         if r["kv_format"] == "bf16":
-            assert decode == "none", r
-        elif r["cap"] >= 89:
-            assert decode == "cvt", r
-        else:
-            assert decode == ("bf16ptx" if r["dtype"] == "bfloat16" else "f16ptx"), r
+            assert decode == "none" and compute == "q", r
+            continue
+        assert compute == ("bf16" if r["dtype"] == "float16" else "q"), r
+        assert decode == ("cvt" if r["cap"] >= 89 else "bf16ptx"), r
 
 
 if __name__ == "__main__":

@@ -166,13 +166,10 @@ def test_matches_reference(T, H, K, dtype, kv_format):
     _check(q, kv, idx, kv_format)
 
 
-@pytest.mark.parametrize("decode", ["f16bits", "cvt"])
 @pytest.mark.parametrize("latent_scale,q_scale", [(1.0, 1.0), (1e-4, 1.0), (3e3, 1.0), (1.0, 1e-3), (1.0, 30.0)])
-def test_fp16_queries_on_fp8_cache_far_from_unit_scale(monkeypatch, decode, latent_scale, q_scale):
-    # fp16 P would leave fp16's normal range (or overflow) as P * scale for scales far from 1: the kernel scales
-    # P's columns by scale / (the tile's largest scale) and keeps acc in that unit.  Caches and queries far from
-    # unit scale must neither underflow nor overflow.
-    monkeypatch.setenv("GLM5_SPARSE_MLA_FP8_DECODE", decode)
+def test_fp16_queries_on_fp8_cache_far_from_unit_scale(latent_scale, q_scale):
+    # fp16 P * scale would leave fp16's range for scales far from 1: fp16 queries on the fp8 cache never take fp16
+    # dots (bf16 on a GPU, tests/gpu; fp32 here).  The output is still fp16.
     q, kv, idx = _make_case(4, 16, 96, torch.float32, "fp8_ds_mla", invalid_frac=0.3, seed=23)
     kv = quantize_fp8_ds_mla(dequant_fp8_ds_mla(kv) * latent_scale)
     q = (q * q_scale).to(torch.float16)
@@ -319,9 +316,12 @@ def test_heuristic_picks_are_listed_in_kernel_configs(cap):
             decodes = {c["FP8_DECODE"] for c in listed if c.kernel == "fwd"}
             if kv_format == "bf16":
                 assert decodes == {sm.NO_FP8_DECODE}
-            else:  # no conversion instruction below sm_89: the packed bit trick into the query dtype there
-                want = "cvt" if cap >= (8, 9) else ("bf16ptx" if dtype == torch.bfloat16 else "f16ptx")
+            else:  # no conversion instruction below sm_89: the packed bit trick into bf16 there (fp16 queries too)
+                want = "cvt" if cap >= (8, 9) else "bf16ptx"
                 assert decodes == {want}, (cap, dtype, decodes)
+            # the dots run in the queries' dtype, except fp16 queries on the fp8 cache: bf16
+            computes = {c["COMPUTE"] for c in listed if c.kernel == "fwd"}
+            assert computes == {"bf16" if (dtype, kv_format) == (torch.float16, "fp8_ds_mla") else "q"}
 
 
 @pytest.mark.parametrize("cap", CAPS)
@@ -343,12 +343,12 @@ def test_few_tokens_with_many_heads_take_the_16_head_tile(cap):
 
 def test_fp8_tile_on_sm90_only():
     # H200 sweep: 64 heads/program without the register prefetch wins for fp8 at >= 64 heads; measured on sm_90 only
-    # (bf16 queries: it spills with fp16 ones, which were not measured)
+    # (fp16 queries on the fp8 cache run bf16 dots, so they take the same tiles)
     t64 = sm.FwdTile(64, 32, 8, 3, 1)
-    assert sm.select_fwd_tile((9, 0), torch.bfloat16, "fp8_ds_mla", 64) == t64
-    assert sm.select_fwd_tile((9, 0), torch.bfloat16, "fp8_ds_mla", 128) == t64
-    assert sm.select_fwd_tile((9, 0), torch.bfloat16, "fp8_ds_mla", 32).block_h == 32
-    assert sm.select_fwd_tile((9, 0), torch.float16, "fp8_ds_mla", 64) != t64
+    for dtype in (torch.bfloat16, torch.float16):
+        assert sm.select_fwd_tile((9, 0), dtype, "fp8_ds_mla", 64) == t64
+        assert sm.select_fwd_tile((9, 0), dtype, "fp8_ds_mla", 128) == t64
+        assert sm.select_fwd_tile((9, 0), dtype, "fp8_ds_mla", 32).block_h == 32
     for cap in ((10, 0), (12, 0), (12, 1), (8, 9), (8, 6), (8, 0)):
         for dtype in (torch.bfloat16, torch.float16):
             assert sm.select_fwd_tile(cap, dtype, "fp8_ds_mla", 64) != t64, cap
@@ -409,41 +409,40 @@ def test_cache_layouts_launch_identically(monkeypatch, kv_format):
 
 
 def test_launch_plan_is_cached_and_follows_the_decode_override(monkeypatch):
-    q, kv, idx = _make_case(1, 16, 64, torch.float16, "fp8_ds_mla", seed=31)
+    q, kv, idx = _make_case(1, 16, 256, torch.float16, "fp8_ds_mla", seed=31)
     monkeypatch.delenv("GLM5_SPARSE_MLA_FP8_DECODE", raising=False)
     sm._launch_plan.cache_clear()
     _, _, fwd, combine = _recorded_launches(monkeypatch, q, kv, idx, 0.1, kv_format="fp8_ds_mla", num_splits=2)
     _recorded_launches(monkeypatch, q, kv, idx, 0.1, kv_format="fp8_ds_mla", num_splits=2)
     info = sm._launch_plan.cache_info()
     assert (info.misses, info.hits) == (1, 1)
-    # CPU default capability is sm_120: fp16 queries take the native conversion
-    assert fwd[0][2]["FP8_DECODE"] == "cvt" and fwd[0][2]["WRITE_PARTIAL"] and len(combine) == 1
-    # the benchmarking override is read per call, not frozen into the cached plan
+    # fp16 queries on the fp8 cache run fp32 dots in the interpreter (bf16 on a GPU): the exact decode
+    assert fwd[0][2]["FP8_DECODE"] == "f32" and fwd[0][2]["COMPUTE"] == "f32"
+    assert fwd[0][2]["WRITE_PARTIAL"] and len(combine) == 1
+    # the benchmarking override is read per call, not frozen into the cached plan (CPU default capability: sm_120)
+    qb = q.to(torch.bfloat16)
+    _, _, fwd, _ = _recorded_launches(monkeypatch, qb, kv, idx, 0.1, kv_format="fp8_ds_mla", num_splits=2)
+    assert fwd[0][2]["FP8_DECODE"] == "cvt" and fwd[0][2]["COMPUTE"] == "q"
     monkeypatch.setenv("GLM5_SPARSE_MLA_FP8_DECODE", "f16bits")
-    _, _, fwd, _ = _recorded_launches(monkeypatch, q, kv, idx, 0.1, kv_format="fp8_ds_mla", num_splits=2)
+    _, _, fwd, _ = _recorded_launches(monkeypatch, qb, kv, idx, 0.1, kv_format="fp8_ds_mla", num_splits=2)
     assert fwd[0][2]["FP8_DECODE"] == "f16bits"
-    # bf16 queries too (decoded to fp16, then converted)
-    monkeypatch.delenv("GLM5_SPARSE_MLA_FP8_DECODE")
-    _, _, fwd, _ = _recorded_launches(monkeypatch, q.to(torch.bfloat16), kv, idx, 0.1, kv_format="fp8_ds_mla",
-                                      num_splits=2)
-    assert fwd[0][2]["FP8_DECODE"] == "cvt"
 
 
 @pytest.mark.parametrize("mode,cap,dtype,on_gpu,expected", [
     ("auto", (12, 0), torch.bfloat16, True, "cvt"),
     ("auto", (8, 9), torch.float16, True, "cvt"),
     ("auto", (8, 0), torch.bfloat16, True, "bf16ptx"),
-    ("auto", (8, 6), torch.float16, True, "f16ptx"),
+    ("auto", (8, 6), torch.float16, True, "bf16ptx"),  # fp16 queries: bf16 dots on the fp8 cache
     ("auto", (8, 6), torch.bfloat16, False, "bf16bits"),
-    ("auto", (8, 6), torch.float16, False, "f16bits"),
+    ("auto", (8, 6), torch.float16, False, "f32"),  # fp32 dots in the interpreter
     ("auto", (9, 0), torch.float32, False, "f32"),
     ("bf16bits", (12, 0), torch.bfloat16, True, "bf16bits"),
     ("bf16ptx", (8, 6), torch.bfloat16, True, "bf16ptx"),
     ("f16bits", (12, 0), torch.bfloat16, True, "f16bits"),
     ("cvt", (8, 6), torch.float16, True, "cvt needs sm_89"),
-    ("bf16ptx", (12, 0), torch.float16, True, "decodes to bf16"),
+    ("bf16ptx", (12, 0), torch.float16, True, "bf16ptx"),
     ("bf16ptx", (12, 0), torch.bfloat16, False, "GPU only"),
-    ("f16ptx", (8, 0), torch.float16, False, "GPU only"),
+    ("f16ptx", (8, 0), torch.bfloat16, False, "GPU only"),
     ("native", (12, 0), torch.bfloat16, True, "expected auto or one of"),
 ])
 def test_fp8_decode_method_choice_and_refusals(monkeypatch, mode, cap, dtype, on_gpu, expected):
