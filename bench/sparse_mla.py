@@ -48,6 +48,7 @@ CHECK_TOKENS = 4
 TOL = {"bf16": 8e-3, "fp8_ds_mla": 8e-3}
 DEV = "cpu" if SMOKE else "cuda"
 QDT = torch.float16 if SMOKE else torch.bfloat16
+OURS_KW = {}  # extra keyword arguments for every call of our kernel (--as-capability)
 
 
 def log(*a):
@@ -198,7 +199,7 @@ def bench_graph(fns, reps_per_graph=None):
 
 def check(q, kv, idx, kv_format, **kw):
     n = min(CHECK_TOKENS, q.shape[0])
-    out, lse = sm.sparse_mla_attention(q[:n], kv, idx[:n], SCALE, kv_format=kv_format, **kw)
+    out, lse = sm.sparse_mla_attention(q[:n], kv, idx[:n], SCALE, kv_format=kv_format, **{**OURS_KW, **kw})
     r_out, r_lse = ref.sparse_mla_reference(q[:n], kv, idx[:n], SCALE, kv_format=kv_format, token_chunk=2)
     err = ((out.double() - r_out).norm() / r_out.norm()).item()
     lerr = (lse.double() - r_lse).abs().max().item()
@@ -246,10 +247,12 @@ def sweep_shape(a, props, cap, H, T, q, fmt, cache, idx, idx_sets, rec, sweep_ro
             try:
                 err, _ = check(q, cache, idx, fmt, **kw)
                 if a.sweep_graph:
-                    us = bench_graph([(lambda ix=ix: sm.sparse_mla_attention(q, cache, ix, SCALE, kv_format=fmt, **kw))
+                    us = bench_graph([(lambda ix=ix: sm.sparse_mla_attention(q, cache, ix, SCALE, kv_format=fmt,
+                                                                          **OURS_KW, **kw))
                                       for ix in idx_sets])
                 else:
-                    us = bench_eager(lambda: sm.sparse_mla_attention(q, cache, idx, SCALE, kv_format=fmt, **kw),
+                    us = bench_eager(lambda: sm.sparse_mla_attention(q, cache, idx, SCALE, kv_format=fmt, **OURS_KW,
+                                                                     **kw),
                                      rep=50)
             except Exception as e:  # noqa: BLE001
                 log(f"sweep {fmt} H={H} T={T} {tile_name(tile)} S={splits}: {type(e).__name__}: {str(e)[:160]}")
@@ -290,11 +293,15 @@ def main():
     ap.add_argument("--dtype", default="", choices=["", "bfloat16", "float16"],
                     help="query (and bf16-format cache) dtype; default bfloat16 (float16 in the CPU smoke run). "
                          "float16 is what GGUF serving picks on sm_100+ (sm_120 included)")
+    ap.add_argument("--as-capability", default="", help="pick tiles, splits and fp8 decode as on this compute "
+                    "capability (e.g. 12.0: the sm_120 configuration timed on this GPU as a stand-in)")
     ap.add_argument("--smoke-cpu", action="store_true", help="CPU/interpreter dry run of this script (tiny sizes)")
     a = ap.parse_args()
     globals()["TOPK"] = a.topk  # module-level default used by helpers
     if a.dtype:
         globals()["QDT"] = getattr(torch, a.dtype)
+    if a.as_capability:
+        OURS_KW["capability"] = tuple(int(x) for x in a.as_capability.split("."))
     if SMOKE:
         a.no_external, a.no_graph = True, True
     out_dir = pathlib.Path(a.out)
@@ -312,7 +319,10 @@ def main():
         props = torch.cuda.get_device_properties(0)
         cap = torch.cuda.get_device_capability(0)
     log(f"device: {props.name} sm_{cap[0]}{cap[1]} SMs={props.multi_processor_count} L2={props.L2_cache_size >> 20} MiB")
-    fp8_decode = sm.fp8_decode_method(cap, QDT, not SMOKE)
+    tcap = OURS_KW.get("capability", cap)  # the capability our kernel's configuration is picked for
+    if tcap != cap:
+        log(f"our kernel configured as on sm_{tcap[0]}{tcap[1]} (--as-capability)")
+    fp8_decode = sm.fp8_decode_method(tcap, QDT, not SMOKE)
     # the other decodes this target can run, timed (graph) for comparison through GLM5_SPARSE_MLA_FP8_DECODE
     alt_decodes = [m for m in (a.fp8_decodes.split(",") if a.fp8_decodes else
                                ["f16ptx", "bf16ptx"] if cap >= (8, 9) else ["f16bits", "bf16ptx"])
@@ -353,9 +363,10 @@ def main():
                     rec[f"{key}_lse_err"] = lerr
                     if not (err <= TOL[fmt] and lerr <= 2e-3):
                         log(f"!! H={H} T={T} {fmt}: relative error {err:.2e}, lse error {lerr:.2e} above bounds")
-                    rec[key] = bench_eager(lambda: sm.sparse_mla_attention(q, cache, idx, SCALE, kv_format=fmt))
+                    rec[key] = bench_eager(lambda: sm.sparse_mla_attention(q, cache, idx, SCALE, kv_format=fmt,
+                                                                           **OURS_KW))
                     if not a.no_graph:
-                        fns = [(lambda ix=ix: sm.sparse_mla_attention(q, cache, ix, SCALE, kv_format=fmt))
+                        fns = [(lambda ix=ix: sm.sparse_mla_attention(q, cache, ix, SCALE, kv_format=fmt, **OURS_KW))
                                for ix in idx_sets]
                         rec[f"{key}_graph"] = bench_graph(fns)
                         for m in (alt_decodes if fmt == "fp8_ds_mla" else []):
@@ -378,8 +389,8 @@ def main():
                 except Exception as e:  # noqa: BLE001
                     log(f"{name} H={H} T={T}: n/a ({type(e).__name__}: {str(e)[:200]})")
                     torch.cuda.synchronize()
-            tile_b = sm.select_fwd_tile(cap, QDT, "bf16", H, T, TOPK, props.multi_processor_count)
-            tile_f = sm.select_fwd_tile(cap, QDT, "fp8_ds_mla", H, T, TOPK, props.multi_processor_count)
+            tile_b = sm.select_fwd_tile(tcap, QDT, "bf16", H, T, TOPK, props.multi_processor_count)
+            tile_f = sm.select_fwd_tile(tcap, QDT, "fp8_ds_mla", H, T, TOPK, props.multi_processor_count)
             rec["splits_bf16"] = sm.choose_num_splits(T, H, TOPK, props.multi_processor_count, tile_b.block_h,
                                                       tile_b.block_n, tile_b.occupancy, 1152)
             rec["splits_fp8"] = sm.choose_num_splits(T, H, TOPK, props.multi_processor_count, tile_f.block_h,
@@ -418,7 +429,9 @@ def write_report(out_dir, props, cap, bw, peak, a, rows, sweep_rows, fp8_decode,
              f"copy {bw / 1e12:.2f} TB/s, bf16 matmul {peak / 1e12:.0f} TFLOP/s (measured in this run); "
              f"KV pool {a.pool} tokens; top-k {TOPK}; µs = median of triton.testing.do_bench (L2 flushed); "
              f"'graph' = per call inside a CUDA graph rotating index sets; queries {str(QDT)[6:]}; "
-             f"fp8 decode {fp8_decode}.", "", hdr,
+             f"fp8 decode {fp8_decode}"
+             f"{'; our kernel configured as on sm_%d%d' % OURS_KW['capability'] if 'capability' in OURS_KW else ''}.",
+             "", hdr,
              "|" + "---|" * (hdr.count("|") - 1)]
     for r in rows:
         lines.append(
