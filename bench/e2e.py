@@ -1,6 +1,6 @@
 """End to end on a GPU: serve tiny GLM-5 GGUFs through `launch.sh`, talk to them over the OpenAI API, compare.
 
-    python bench/e2e.py all --out DIR [--tp N] [--arms a,b,...] [--load-seconds 120] [--quick]
+    python bench/e2e.py all --out DIR [--tp N] [--arms a,b,...] [--dtype float16] [--load-seconds 120] [--quick]
         one command for the whole check (one device call): writes the tiny models, starts one `vllm serve` per
         arm through launch.sh (all at once, each with its own small KV pool), then
           - functional: completions and chat completions, streaming and not, prompts below and far above
@@ -106,14 +106,14 @@ CHAT = [{"role": "system", "content": "You are a terse assistant."},
 
 # --- servers -------------------------------------------------------------------------------------------
 
-def start(arm: Arm, models: dict[str, str], out: Path, tp: int) -> None:
+def start(arm: Arm, models: dict[str, str], out: Path, tp: int, dtype: str = "") -> None:
     arm.model = models[arm.quant]
     arm.log = out / f"server_{arm.name}.log"
     cmd = ["bash", str(LAUNCH), arm.model, "--port", str(arm.port), "--max-model-len", str(MAX_MODEL_LEN),
            "--kv-cache-dtype", arm.kv, "--seed", "0", "--max-num-seqs", "64",
            # several servers share one GPU: each takes a fixed KV pool instead of a share of free memory
            "--gpu-memory-utilization", "0.05", "--kv-cache-memory-bytes", str(1 << 30),
-           "--tensor-parallel-size", str(tp)]
+           "--tensor-parallel-size", str(tp)] + (["--dtype", dtype] if dtype else [])
     arm.startup_s = time.time()
     arm.proc = subprocess.Popen(cmd, stdout=open(arm.log, "w"), stderr=subprocess.STDOUT, env=arm.env(),
                                 start_new_session=True, cwd=str(REPO))
@@ -647,7 +647,7 @@ def run_all(args) -> int:
     results["models"] = {q: dict(path=p, **model_args, **PEAKED) for q, p in models.items()}
     for i, arm in enumerate(arms):
         arm.port = args.base_port + i
-        start(arm, models, out, args.tp)
+        start(arm, models, out, args.tp, args.dtype)
     reference = None
     t_start = time.time()
     try:
@@ -755,6 +755,8 @@ def main() -> int:
     a.add_argument("--heads", type=int, default=MODEL_ARGS["heads"],
                    help="attention heads of the tiny model (GLM-5 has 64: with --tp 8 each rank holds 8)")
     a.add_argument("--arms", default="", help="comma-separated arm names (default: all six)")
+    a.add_argument("--dtype", default="", help="--dtype for every server, e.g. float16: what GGUF serving picks on "
+                   "compute capability >= 10 (sm_120); FlashMLA (native arms on an H200) is bf16 only")
     a.add_argument("--base-port", type=int, default=8100)
     a.add_argument("--start-timeout", type=float, default=420)
     a.add_argument("--load-seconds", type=float, default=120)
