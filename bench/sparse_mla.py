@@ -88,7 +88,8 @@ def make_pool(pool, seed=0):
         f = torch.randn(b1 - b0, BLOCK, 576, generator=g, device=DEV)
         f[..., :512] *= (torch.rand(b1 - b0, BLOCK, 4, generator=g, device=DEV) * 3 + 0.1).repeat_interleave(128, -1)
         kv[b0:b1] = f.to(QDT)
-        kv8[b0:b1] = ref.quantize_fp8_ds_mla(kv[b0:b1].float(), generator=g)
+        kv8[b0:b1] = ref.quantize_fp8_ds_mla(kv[b0:b1].float(), generator=g,
+                                             rope_dtype=ref.fp8_ds_mla_rope_dtype(QDT))  # as vLLM writes it
     return kv, kv8
 
 

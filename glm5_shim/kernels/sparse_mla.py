@@ -20,7 +20,8 @@ Design (decode is what matters: one token, 78 layers):
 * ``fp8_ds_mla``: the e4m3 latent is decoded exactly into the dots' dtype (bf16 for fp16 queries too, see
   compute_dtype): by the sm_89+ conversion (measured fastest on the H200), below sm_89 by a packed PTX bit trick (a
   byte shifted into bf16's fields is the value times 2**-120; into fp16's, the value / 2**8).  The known power of two and the per-128 fp32 scales are folded into the
-  fp32 scores (QK) and into P (PV): ``4 * BLOCK_H`` multiplies per gathered row instead of 512.  The rope stays bf16.
+  fp32 scores (QK) and into P (PV): ``4 * BLOCK_H`` multiplies per gathered row instead of 512.  The rope stays 16-bit:
+  bf16, or fp16 under a float16 model (vLLM's cache writer copies k_pe as it is; ``fp8_ds_mla_rope_dtype``).
 * Gather latency is hidden by double-buffered ``cp.async`` (bf16 cache, Triton's pipeliner at ``num_stages=5``)
   or by a hand-written register prefetch of the next tile (fp8 cache: Triton will not pipeline a load that feeds
   both dots through the decode; SPLIT_LOADS makes it pipeline them, which measured slower on the H200).
@@ -38,6 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
+from glm5_shim.kernels.sparse_mla_reference import fp8_ds_mla_rope_dtype  # noqa: F401  (part of this API)
 from glm5_shim.kernels.fp8 import (e4m3_bytes_to_bf16_scaled, e4m3_bytes_to_bf16_scaled_ptx,
                                    e4m3_bytes_to_f16_div256_ptx, e4m3_bytes_to_f32, native_fp8_supported)
 
@@ -45,7 +47,7 @@ D_LATENT = 512
 D_ROPE = 64
 D_QK = D_LATENT + D_ROPE
 D_V = 512
-FP8_ROW_BYTES = 656  # 512 e4m3 + 4 fp32 scales + 64 bf16
+FP8_ROW_BYTES = 656  # 512 e4m3 + 4 fp32 scales + 64 rope values (bf16; fp16 under fp16 queries)
 FP8_SCALE_OFFSET = tl.constexpr(512)  # constexpr: read inside the kernel
 FP8_ROPE_OFFSET = tl.constexpr(528)
 # How a kernel turns e4m3 bytes into dot inputs of the query dtype (the FP8_DECODE constexpr) and the factor K_F the
@@ -151,9 +153,10 @@ def _load_latent(kv_ptr, row, valid, OTHER: tl.constexpr):
 
 
 @triton.jit
-def _load_tile(kv_ptr, row, valid, IS_FP8: tl.constexpr):
+def _load_tile(kv_ptr, row, valid, IS_FP8: tl.constexpr, ROPE_F16: tl.constexpr):
     """One tile of gathered rows, undecoded: 4 x [BLOCK_N, 128] latent chunks (values, or e4m3 bytes), [BLOCK_N, 64]
-    rope and (fp8) 4 x [BLOCK_N] scales (bf16 cache: the scales are dummies)."""
+    rope and (fp8) 4 x [BLOCK_N] scales (bf16 cache: the scales are dummies).  An fp8 row's rope is fp16 when
+    ROPE_F16 (a float16 model: vLLM's writer copies k_pe as is), else bf16."""
     dr = tl.arange(0, 64)
     rp = kv_ptr + row
     m2 = valid[:, None]
@@ -164,8 +167,11 @@ def _load_tile(kv_ptr, row, valid, IS_FP8: tl.constexpr):
         s1 = tl.load(sp + 1, mask=valid, other=0.0)
         s2 = tl.load(sp + 2, mask=valid, other=0.0)
         s3 = tl.load(sp + 3, mask=valid, other=0.0)
-        kr = tl.load((rp + FP8_ROPE_OFFSET).to(tl.pointer_type(tl.bfloat16))[:, None] + dr[None, :], mask=m2,
-                     other=0.0)
+        if ROPE_F16:
+            rope_ptr = (rp + FP8_ROPE_OFFSET).to(tl.pointer_type(tl.float16))
+        else:
+            rope_ptr = (rp + FP8_ROPE_OFFSET).to(tl.pointer_type(tl.bfloat16))
+        kr = tl.load(rope_ptr[:, None] + dr[None, :], mask=m2, other=0.0)
     else:
         s0 = valid.to(tl.float32)
         s1 = s0
@@ -203,7 +209,9 @@ def _attend_tile(q0, q1, q2, q3, qr, c0, c1, c2, c3, v0, v1, v2, v3, kr, s0, s1,
         s += tl.dot(q1, tl.trans(k1), input_precision=PREC) * (s1 * QK_F)[None, :]
         s += tl.dot(q2, tl.trans(k2), input_precision=PREC) * (s2 * QK_F)[None, :]
         s += tl.dot(q3, tl.trans(k3), input_precision=PREC) * (s3 * QK_F)[None, :]
-        s = tl.dot(qr, tl.trans(kr.to(qr.dtype)), s, input_precision=PREC)
+        if kr.dtype != qr.dtype:
+            kr = kr.to(tl.float32).to(qr.dtype)  # via fp32: Triton's direct f16 <-> bf16 cvt fails below sm_90
+        s = tl.dot(qr, tl.trans(kr), s, input_precision=PREC)
     else:
         k0 = c0
         k1 = c1
@@ -275,6 +283,8 @@ def _sparse_mla_fwd_kernel(
     split = rest % splits
     t = (rest // splits).to(tl.int64)
 
+    # the fp8 cache's rope is in the model's dtype (fp8_ds_mla_rope_dtype): fp16 with fp16 queries, else bf16
+    ROPE_F16: tl.constexpr = q_ptr.dtype.element_ty == tl.float16
     heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = heads < H
     d = tl.arange(0, 128)
@@ -284,8 +294,11 @@ def _sparse_mla_fwd_kernel(
     q1 = _to_compute(tl.load(q_row + (128 + d)[None, :], mask=hmask[:, None], other=0.0), COMPUTE)
     q2 = _to_compute(tl.load(q_row + (256 + d)[None, :], mask=hmask[:, None], other=0.0), COMPUTE)
     q3 = _to_compute(tl.load(q_row + (384 + d)[None, :], mask=hmask[:, None], other=0.0), COMPUTE)
-    qr = _to_compute(tl.load(qpe_ptr + t * stride_pt + heads[:, None] * stride_ph + dr[None, :],
-                             mask=hmask[:, None], other=0.0), COMPUTE)
+    # the rope dot keeps q's own dtype on a GPU: it matches the fp8 cache's rope (fp16 with fp16 queries), so that
+    # rope needs no conversion; only the interpreter's fp32 path converts it
+    qr = tl.load(qpe_ptr + t * stride_pt + heads[:, None] * stride_ph + dr[None, :], mask=hmask[:, None], other=0.0)
+    if COMPUTE == "f32":
+        qr = qr.to(tl.float32)
     BF16_DECODE: tl.constexpr = IS_FP8 and ((FP8_DECODE == "bf16bits") or (FP8_DECODE == "bf16ptx"))
     if BF16_DECODE:
         # K comes as value * 2**-120: lift the latent q by 2**64 (exact in bf16) so q.k stays far from fp32's
@@ -312,10 +325,10 @@ def _sparse_mla_fwd_kernel(
         idx_a = _load_idx(idx_row, split, K, BLOCK_N)
         idx_b = _load_idx(idx_row, split + splits, K, BLOCK_N)
         valid_a, row_a = _rows(idx_a, num_slots, block_size, stride_kb, stride_kr)
-        c0, c1, c2, c3, kr, s0, s1, s2, s3 = _load_tile(kv_ptr, row_a, valid_a, IS_FP8)
+        c0, c1, c2, c3, kr, s0, s1, s2, s3 = _load_tile(kv_ptr, row_a, valid_a, IS_FP8, ROPE_F16)
         for it in range(0, n_mine):
             valid_b, row_b = _rows(idx_b, num_slots, block_size, stride_kb, stride_kr)
-            n0, n1, n2, n3, nr, t0, t1, t2, t3 = _load_tile(kv_ptr, row_b, valid_b, IS_FP8)
+            n0, n1, n2, n3, nr, t0, t1, t2, t3 = _load_tile(kv_ptr, row_b, valid_b, IS_FP8, ROPE_F16)
             idx_b = _load_idx(idx_row, split + (it + 2) * splits, K, BLOCK_N)
             m_i, l_i, acc0, acc1, acc2, acc3 = _attend_tile(
                 q0, q1, q2, q3, qr, c0, c1, c2, c3, c0, c1, c2, c3, kr, s0, s1, s2, s3, valid_a,
@@ -328,7 +341,7 @@ def _sparse_mla_fwd_kernel(
         for tile in range(split, n_tiles, splits):
             idx = _load_idx(idx_row, tile, K, BLOCK_N)
             valid, row = _rows(idx, num_slots, block_size, stride_kb, stride_kr)
-            c0, c1, c2, c3, kr, s0, s1, s2, s3 = _load_tile(kv_ptr, row, valid, IS_FP8)
+            c0, c1, c2, c3, kr, s0, s1, s2, s3 = _load_tile(kv_ptr, row, valid, IS_FP8, ROPE_F16)
             if SPLIT_LOADS:
                 # The same latent bytes loaded a second time (L2 hits) for PV.  Triton pipelines (cp.async into
                 # shared memory) a load that feeds one dot through the e4m3 decode, but not one that feeds both
@@ -714,7 +727,9 @@ def sparse_mla_attention(q, kv_cache: torch.Tensor, indices: torch.Tensor, sm_sc
             ``(q_nope [T, H, 512], q_pe [T, H, 64])`` to skip concatenating them.  Last-dim stride 1.
         kv_cache: ``kv_format="bf16"`` (the name covers fp16 too): ``[num_blocks, block_size, 576]`` in q's dtype,
             or flat ``[num_slots, 576]``.  ``kv_format="fp8_ds_mla"``: uint8 ``[num_blocks, block_size, 656]`` =
-            512 e4m3 latent bytes, 4 fp32 scales (one per 128 latent values, any positive value), 64 bf16 rope.
+            512 e4m3 latent bytes, 4 fp32 scales (one per 128 latent values, any positive value), 64 rope values in
+            :func:`fp8_ds_mla_rope_dtype` of q's dtype (fp16 for fp16 queries, else bf16: what vLLM's cache writer
+            stores, the model's dtype).
             A ``[nb, bs, 1, W]`` view is accepted.  Block stride may exceed ``block_size * row stride``.
         indices: ``[T, K]`` int32 global slots (``block * block_size + offset``).  ``-1`` (and anything outside
             ``[0, num_blocks * block_size)``) is skipped, wherever it sits in the row.

@@ -1,7 +1,8 @@
 """Plain-torch references for :mod:`glm5_shim.kernels.sparse_mla` (no Triton, any device).
 
 * :func:`dequant_fp8_ds_mla` / :func:`quantize_fp8_ds_mla`: the vLLM/FlashMLA ``fp8_ds_mla`` token layout
-  (656 bytes: 512 e4m3 latent, 4 fp32 scales - one per 128 latent values -, 64 bf16 rope).
+  (656 bytes: 512 e4m3 latent, 4 fp32 scales - one per 128 latent values -, 64 rope values of 16 bits: bf16, or
+  fp16 for a float16 model, see :func:`fp8_ds_mla_rope_dtype`).
 * :func:`sparse_mla_reference`: the sparse attention in float64 (or any float dtype), token-chunked so large
   top-k lists fit in memory.
 """
@@ -16,6 +17,14 @@ FP8_ROW_BYTES = 656
 E4M3_MAX = 448.0
 
 
+def fp8_ds_mla_rope_dtype(q_dtype: torch.dtype) -> torch.dtype:
+    """The type of the 64 rope values in an ``fp8_ds_mla`` cache row.  vLLM's cache writer (``concat_and_cache_mla``
+    with ``fp8_ds_mla``) quantises the latent but copies k_pe's 16-bit values as they are, so the rope is in the
+    model's activation dtype: fp16 under a float16 model (GGUF on compute capability >= 10), bf16 otherwise
+    (FlashMLA's layout).  float32 queries (interpreter tests) go with bf16."""
+    return torch.float16 if q_dtype == torch.float16 else torch.bfloat16
+
+
 def _rows_of(kv_cache: torch.Tensor, width: int) -> tuple[torch.Tensor, int]:
     """[nb, bs, W] / [nb, bs, 1, W] / [S, W] -> a [nb, bs, W] view plus num_slots."""
     kv = kv_cache
@@ -27,21 +36,23 @@ def _rows_of(kv_cache: torch.Tensor, width: int) -> tuple[torch.Tensor, int]:
     return kv, kv.shape[0] * kv.shape[1]
 
 
-def dequant_fp8_ds_mla(kv_u8: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """[..., 656] uint8 -> [..., 576] ``dtype``: latent = e4m3 * scale[i // 128], rope = bf16 as is."""
+def dequant_fp8_ds_mla(kv_u8: torch.Tensor, dtype: torch.dtype = torch.float32,
+                       rope_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """[..., 656] uint8 -> [..., 576] ``dtype``: latent = e4m3 * scale[i // 128], rope = ``rope_dtype`` as is."""
     assert kv_u8.shape[-1] == FP8_ROW_BYTES, kv_u8.shape
     raw = kv_u8.contiguous().view(torch.uint8)
     lead = raw.shape[:-1]
     latent = raw[..., :D_LATENT].contiguous().view(torch.float8_e4m3fn).to(torch.float64)
     scales = raw[..., D_LATENT:D_LATENT + 16].contiguous().view(torch.float32).to(torch.float64)
-    rope = raw[..., D_LATENT + 16:].contiguous().view(torch.bfloat16).to(torch.float64)
+    rope = raw[..., D_LATENT + 16:].contiguous().view(rope_dtype).to(torch.float64)
     latent = (latent.view(*lead, 4, 128) * scales.view(*lead, 4, 1)).view(*lead, D_LATENT)
     return torch.cat([latent, rope], dim=-1).to(dtype)
 
 
 def quantize_fp8_ds_mla(kv: torch.Tensor, scales: torch.Tensor | None = None,
-                        generator: torch.Generator | None = None) -> torch.Tensor:
-    """[..., 576] float -> [..., 656] uint8 in the fp8_ds_mla layout.
+                        generator: torch.Generator | None = None,
+                        rope_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """[..., 576] float -> [..., 656] uint8 in the fp8_ds_mla layout, the rope stored as ``rope_dtype``.
 
     ``scales`` ([..., 4] fp32, positive) defaults to amax/448 times a random factor in [1, 1.5): arbitrary fp32
     values, deliberately not powers of two (GLM checkpoints use ``arbitrary_fp32`` scales in vLLM)."""
@@ -58,7 +69,7 @@ def quantize_fp8_ds_mla(kv: torch.Tensor, scales: torch.Tensor | None = None,
     out = torch.empty(*lead, FP8_ROW_BYTES, dtype=torch.uint8, device=kv.device)
     out[..., :D_LATENT] = q.reshape(*lead, D_LATENT).view(torch.uint8)
     out[..., D_LATENT:D_LATENT + 16] = scales.contiguous().view(torch.uint8).reshape(*lead, 16)
-    out[..., D_LATENT + 16:] = kv[..., D_LATENT:].to(torch.bfloat16).contiguous().view(torch.uint8).reshape(*lead, 128)
+    out[..., D_LATENT + 16:] = kv[..., D_LATENT:].to(rope_dtype).contiguous().view(torch.uint8).reshape(*lead, 128)
     return out
 
 
@@ -69,12 +80,14 @@ def sparse_mla_reference(q, kv_cache: torch.Tensor, indices: torch.Tensor, sm_sc
 
     Same contract as :func:`glm5_shim.kernels.sparse_mla.sparse_mla_attention`: ``indices`` ``[T, K]`` hold global
     slots, entries < 0 or >= num_slots are ignored, softmax is over the valid ones, a row with none gives
-    out = 0 and lse = -inf.  Returns ``(out [T, H, d_v], lse [T, H])`` in ``dtype``, lse as a natural log."""
+    out = 0 and lse = -inf.  An fp8_ds_mla cache's rope is read as :func:`fp8_ds_mla_rope_dtype` of q's dtype.
+    Returns ``(out [T, H, d_v], lse [T, H])`` in ``dtype``, lse as a natural log."""
     if isinstance(q, (tuple, list)):
         q = torch.cat([q[0], q[1]], dim=-1)
     if indices.dim() == 3:
         indices = indices[:, 0, :]
     T, H, _ = q.shape
+    rope_dtype = fp8_ds_mla_rope_dtype(q.dtype)
     if kv_format == "fp8_ds_mla":
         kv3, num_slots = _rows_of(kv_cache.view(torch.uint8), FP8_ROW_BYTES)
     elif kv_format == "bf16":
@@ -91,7 +104,7 @@ def sparse_mla_reference(q, kv_cache: torch.Tensor, indices: torch.Tensor, sm_sc
         slot = torch.where(valid, idx, torch.zeros_like(idx))
         rows = kv3[slot // bs, slot % bs]  # [t, K, W]: honours any block/row strides
         if kv_format == "fp8_ds_mla":
-            k = dequant_fp8_ds_mla(rows, dtype)
+            k = dequant_fp8_ds_mla(rows, dtype, rope_dtype)
         else:
             k = rows.to(dtype)
         qc = q[t0:t1].to(dtype)
@@ -120,5 +133,5 @@ def sparse_mla_bytes(num_tokens: int, num_valid: int, kv_format: str, num_heads:
     return num_tokens * num_valid * row + num_tokens * num_heads * (D_QK + D_LATENT) * q_bytes + 4 * num_tokens * num_valid
 
 
-__all__ = ["dequant_fp8_ds_mla", "quantize_fp8_ds_mla", "sparse_mla_reference", "sparse_mla_flops",
+__all__ = ["dequant_fp8_ds_mla", "fp8_ds_mla_rope_dtype", "quantize_fp8_ds_mla", "sparse_mla_reference", "sparse_mla_flops",
            "sparse_mla_bytes"]

@@ -41,7 +41,9 @@ def _case(T, H, K, dtype, kv_format, *, num_blocks=64, block_size=64, pad_rows=0
     kv_f[..., :512] *= (torch.rand(num_blocks, block_size + pad_rows, 4, generator=g, device=dev) * 3 + 0.1
                         ).repeat_interleave(128, -1)
     kv_bf = kv_f.to(dtype)
-    kv = ref.quantize_fp8_ds_mla(kv_bf.float(), generator=g) if kv_format == "fp8_ds_mla" else kv_bf
+    # an fp8 cache holds the rope in the model's dtype, as vLLM's cache writer stores it
+    kv = (ref.quantize_fp8_ds_mla(kv_bf.float(), generator=g, rope_dtype=ref.fp8_ds_mla_rope_dtype(dtype))
+          if kv_format == "fp8_ds_mla" else kv_bf)
     if pad_rows:
         kv, kv_bf = kv[:, :block_size], kv_bf[:, :block_size]
     keys = torch.rand(T, slots, generator=g, device=dev)
@@ -107,7 +109,8 @@ def test_fp16_queries_on_fp8_cache_far_from_unit_scale(decode, latent_scale, q_s
     _, ref = _mods()
     monkeypatch.setenv("GLM5_SPARSE_MLA_FP8_DECODE", decode)
     q, kv, _, idx = _case(5, 16, 2048, torch.float16, "fp8_ds_mla", seed=43)
-    kv = ref.quantize_fp8_ds_mla(ref.dequant_fp8_ds_mla(kv) * latent_scale)
+    f16 = torch.float16
+    kv = ref.quantize_fp8_ds_mla(ref.dequant_fp8_ds_mla(kv, rope_dtype=f16) * latent_scale, rope_dtype=f16)
     q = (q.float() * q_scale).to(torch.float16)
     idx[2, 7:] = -1
     out, _ = _check(q, kv, idx, "fp8_ds_mla", scale=SCALE / (q_scale * latent_scale))
@@ -132,6 +135,32 @@ def test_splits_invalid_tails_and_strided_blocks(kv_format):
             assert _rel(out, base[0].double()) <= 8e-3
             fin = torch.isfinite(base[1])
             assert (lse[fin] - base[1][fin]).abs().max().item() <= 1e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_what_vllms_fp8_cache_writer_stores_is_what_the_kernel_reads(dtype):
+    # vLLM's own fp8_ds_mla writer (what serving runs): e4m3 latent + fp32 scales, and k_pe copied as it is -- fp16
+    # under a float16 model.  The kernel over that cache must match attention over the unquantised rows.
+    ops = pytest.importorskip("vllm._custom_ops", reason="needs vLLM's CUDA ops (bench/gpu_session.sh installs them)")
+    sm, ref = _mods()
+    g = torch.Generator(device=DEV).manual_seed(53)
+    nb, bs, T, H, K = 16, 64, 4, 16, 512
+    n = nb * bs
+    kv_c = (torch.randn(n, 512, generator=g, device=DEV) * 2).to(dtype)
+    k_pe = torch.randn(n, 64, generator=g, device=DEV).to(dtype)
+    cache = torch.zeros(nb, bs, 656, dtype=torch.uint8, device=DEV)
+    slots = torch.randperm(n, generator=g, device=DEV).to(torch.int64)
+    ops.concat_and_cache_mla(kv_c, k_pe, cache, slots, "fp8_ds_mla", torch.ones(1, device=DEV))
+    rows = cache.view(n, 656)[slots]
+    assert torch.equal(rows[:, 528:].contiguous().view(dtype), k_pe)  # the rope, bit for bit, in the model dtype
+    assert ref.fp8_ds_mla_rope_dtype(dtype) == dtype
+    q = (torch.randn(T, H, 576, generator=g, device=DEV) * 0.5).to(dtype)
+    idx = torch.stack([torch.randperm(n, generator=g, device=DEV)[:K] for _ in range(T)]).to(torch.int32)
+    out, _ = _check(q, cache, idx, "fp8_ds_mla")  # against the dequantised cache, the kernel's own bounds
+    plain = torch.zeros(n, 576, dtype=dtype, device=DEV)
+    plain[slots] = torch.cat([kv_c, k_pe], dim=-1)
+    r_out, _ = ref.sparse_mla_reference(q, plain, idx, SCALE, kv_format="bf16", token_chunk=8)
+    assert _rel(out, r_out) <= 1e-1  # e4m3 quantisation of the latent only
 
 
 @pytest.mark.parametrize("kv_format", ["bf16", "fp8_ds_mla"])

@@ -30,8 +30,8 @@ if not sm._sparse_mla_fwd_kernel.__class__.__name__.startswith("Interpreted"):
     sm = importlib.reload(sm)
 
 from glm5_shim.kernels.fp8 import e4m3_bytes_to_f32_torch
-from glm5_shim.kernels.sparse_mla_reference import (dequant_fp8_ds_mla, quantize_fp8_ds_mla,
-                                                    sparse_mla_reference)
+from glm5_shim.kernels.sparse_mla_reference import (dequant_fp8_ds_mla, fp8_ds_mla_rope_dtype,
+                                                    quantize_fp8_ds_mla, sparse_mla_reference)
 
 # the interpreter converts 0-d arrays to ints in loops; numpy >= 1.25 warns about it thousands of times
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
@@ -55,7 +55,8 @@ def _make_case(T, H, K, dtype, kv_format, *, num_blocks=None, block_size=16, inv
     chunk_mag = torch.rand(num_blocks, block_size + pad_rows, 4, generator=g) * 3 + 0.1
     kv_f[..., :512] *= chunk_mag.repeat_interleave(128, -1)
     if kv_format == "fp8_ds_mla":
-        kv_full = quantize_fp8_ds_mla(kv_f, generator=g)
+        # the rope in the model's dtype, as vLLM's cache writer stores it
+        kv_full = quantize_fp8_ds_mla(kv_f, generator=g, rope_dtype=fp8_ds_mla_rope_dtype(dtype))
     else:
         kv_full = kv_f.to(dtype)
     kv = kv_full[:, :block_size] if pad_rows else kv_full
@@ -171,10 +172,23 @@ def test_fp16_queries_on_fp8_cache_far_from_unit_scale(latent_scale, q_scale):
     # fp16 P * scale would leave fp16's range for scales far from 1: fp16 queries on the fp8 cache never take fp16
     # dots (bf16 on a GPU, tests/gpu; fp32 here).  The output is still fp16.
     q, kv, idx = _make_case(4, 16, 96, torch.float32, "fp8_ds_mla", invalid_frac=0.3, seed=23)
-    kv = quantize_fp8_ds_mla(dequant_fp8_ds_mla(kv) * latent_scale)
+    kv = quantize_fp8_ds_mla(dequant_fp8_ds_mla(kv) * latent_scale, rope_dtype=torch.float16)
     q = (q * q_scale).to(torch.float16)
     idx[2, 5:] = -1  # mostly empty row
     _check(q, kv, idx, "fp8_ds_mla", scale=576 ** -0.5 / (q_scale * latent_scale))
+
+
+def test_fp8_cache_rope_is_read_in_the_model_dtype():
+    # vLLM's fp8_ds_mla writer quantises the latent but copies k_pe's 16-bit values: fp16 under a float16 model.
+    # The same cache bytes read as bf16 rope would be garbage (the reference reads what the kernel must read).
+    assert fp8_ds_mla_rope_dtype(torch.float16) == torch.float16
+    assert fp8_ds_mla_rope_dtype(torch.bfloat16) == fp8_ds_mla_rope_dtype(torch.float32) == torch.bfloat16
+    q, kv, idx = _make_case(3, 16, 96, torch.float16, "fp8_ds_mla", invalid_frac=0.2, seed=47)
+    rope = kv[..., 528:].contiguous().view(torch.float16)
+    assert torch.isfinite(rope).all() and rope.abs().max() < 10  # fp16 values, as written
+    out, _ = _check(q, kv, idx, "fp8_ds_mla")
+    wrong, _ = sparse_mla_reference(q.to(torch.bfloat16), kv, idx, 576 ** -0.5, kv_format="fp8_ds_mla")
+    assert (out.double() - wrong).norm() / wrong.norm() > 0.05  # reading it as bf16 is far off
 
 
 @pytest.mark.parametrize("kv_format", ["bf16", "fp8_ds_mla"])
