@@ -12,7 +12,8 @@
         model (teacher-forced on that arm's own tokens). DIR/results.json holds everything; DIR/e2e.md the tables.
     python bench/e2e.py report DIR      rewrite DIR/e2e.md from DIR/results.json
 
-An arm is a model (Q8_0 or Q4_K tiny GGUF) × attention path × KV-cache dtype:
+An arm is a model (Q8_0 or Q4_K tiny GGUF) × attention path × KV-cache dtype (the "-bf16" arms keep vLLM's "auto"
+cache: the model dtype's 16 bits, fp16 under --dtype float16):
     shim   GLM5_SHIM_ATTENTION=triton GLM5_SHIM_INDEXER=triton  (the code paths SM120 takes)
     native vLLM's own choice on this GPU (FLASHMLA_SPARSE + DeepGEMM on an H200); the shim only loads the GGUF
 The tiny models are `make-tiny --peaked` (see glm5_shim/gguf/fixture.py: random weights whose next-token
