@@ -116,7 +116,7 @@ def _to_compute(x, COMPUTE: tl.constexpr):
     """Query values in the dtype the dots take (COMPUTE: "q" keeps q's dtype; see compute_dtype)."""
     y = x
     if COMPUTE == "bf16":
-        y = x.to(tl.float32).to(tl.bfloat16)  # Triton's direct f16 -> bf16 is a cvt ptxas rejects below sm_90
+        y = x.to(tl.float32).to(tl.bfloat16)  # fp16 -> fp32 is exact: the bf16 rounding of the fp16 value
     elif COMPUTE == "f32":
         y = x.to(tl.float32)
     return y
@@ -210,7 +210,7 @@ def _attend_tile(q0, q1, q2, q3, qr, c0, c1, c2, c3, v0, v1, v2, v3, kr, s0, s1,
         s += tl.dot(q2, tl.trans(k2), input_precision=PREC) * (s2 * QK_F)[None, :]
         s += tl.dot(q3, tl.trans(k3), input_precision=PREC) * (s3 * QK_F)[None, :]
         if kr.dtype != qr.dtype:
-            kr = kr.to(tl.float32).to(qr.dtype)  # via fp32: Triton's direct f16 <-> bf16 cvt fails below sm_90
+            kr = kr.to(qr.dtype)  # the interpreter's fp32 path only: on a GPU the rope is in q's dtype
         s = tl.dot(qr, tl.trans(kr), s, input_precision=PREC)
     else:
         k0 = c0
