@@ -19,9 +19,10 @@ Design (decode is what matters: one token, 78 layers):
   spread evenly instead of idling whole programs.
 * ``fp8_ds_mla``: the e4m3 latent is decoded exactly into the dots' dtype (bf16 for fp16 queries too, see
   compute_dtype): by the sm_89+ conversion (measured fastest on the H200), below sm_89 by a packed PTX bit trick (a
-  byte shifted into bf16's fields is the value times 2**-120; into fp16's, the value / 2**8).  The known power of two and the per-128 fp32 scales are folded into the
-  fp32 scores (QK) and into P (PV): ``4 * BLOCK_H`` multiplies per gathered row instead of 512.  The rope stays 16-bit:
-  bf16, or fp16 under a float16 model (vLLM's cache writer copies k_pe as it is; ``fp8_ds_mla_rope_dtype``).
+  byte shifted into bf16's fields is the value times 2**-120; into fp16's, the value / 2**8).  The known power of
+  two and the per-128 fp32 scales are folded into the fp32 scores (QK) and into P (PV): ``4 * BLOCK_H`` multiplies
+  per gathered row instead of 512.  The rope stays 16-bit: bf16, or fp16 under a float16 model (vLLM's cache writer
+  copies k_pe as it is; ``fp8_ds_mla_rope_dtype``).
 * Gather latency is hidden by double-buffered ``cp.async`` (bf16 cache, Triton's pipeliner at ``num_stages=5``)
   or by a hand-written register prefetch of the next tile (fp8 cache: Triton will not pipeline a load that feeds
   both dots through the decode; SPLIT_LOADS makes it pipeline them, which measured slower on the H200).
@@ -469,7 +470,8 @@ def _fwd_tiles(capability: tuple[int, int], dtype: torch.dtype, kv_format: str) 
             t32 = FwdTile(32, 32, 8, 1, 1, prefetch=True)   # 74 KiB, 246 regs (64 heads + prefetch spills)
             # H200 sweep, bf16 q, 64 heads: 64 heads/program without the register prefetch (each row gathered and
             # decoded once per token) beats t32 at T=64 (231 vs 260 us) and T=256 (648 vs 1014 us).  132 KiB,
-            # 255 regs, no spill (fp16 queries compute in bf16 here too: compute_dtype); sm_90 only (measured).
+            # 255 regs, no spill with bf16 queries; fp16 ones (bf16 dots too, compute_dtype) spill 168 B: 802.7 vs
+            # 644.2 us at 64 x 256 (t32 not measured with them; sm_90 GGUF serving runs bf16).  sm_90 only.
             t64 = FwdTile(64, 32, 8, 3, 1) if cap[0] == 9 and dtype == torch.bfloat16 else t32
             return {16: t16, 32: t32, 64: t64}
         return {16: FwdTile(16, 32, 4, 5, 2),                # 94 KiB, 194 regs

@@ -133,5 +133,5 @@ def sparse_mla_bytes(num_tokens: int, num_valid: int, kv_format: str, num_heads:
     return num_tokens * num_valid * row + num_tokens * num_heads * (D_QK + D_LATENT) * q_bytes + 4 * num_tokens * num_valid
 
 
-__all__ = ["dequant_fp8_ds_mla", "fp8_ds_mla_rope_dtype", "quantize_fp8_ds_mla", "sparse_mla_reference", "sparse_mla_flops",
-           "sparse_mla_bytes"]
+__all__ = ["dequant_fp8_ds_mla", "fp8_ds_mla_rope_dtype", "quantize_fp8_ds_mla", "sparse_mla_reference",
+           "sparse_mla_flops", "sparse_mla_bytes"]
