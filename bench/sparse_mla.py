@@ -327,7 +327,7 @@ def main():
     # the other decodes this target can run, timed (graph) for comparison through GLM5_SPARSE_MLA_FP8_DECODE
     alt_decodes = [m for m in (a.fp8_decodes.split(",") if a.fp8_decodes else
                                ["f16ptx", "bf16ptx"] if cap >= (8, 9) else ["f16bits", "bf16ptx"])
-                   if m and m != fp8_decode and not (m.startswith("bf16") and QDT != torch.bfloat16)]
+                   if m and m != fp8_decode]
     if SMOKE:
         alt_decodes = [m for m in alt_decodes if not m.endswith("ptx")]
     sweep_decodes = [x for x in a.sweep_decodes.split(",") if x] or [fp8_decode]

@@ -66,7 +66,7 @@ class LoadPlan:
 
     def weight_types(self) -> dict[str, str]:
         """HF weight name → GGML type name as vLLM should see it (float for everything the loader makes float)."""
-        return {t.hf_name: t.vllm_type for t in self.tensors if t.vllm_type is not None}
+        return {t.hf_name: vllm_type for t in self.tensors if (vllm_type := t.vllm_type) is not None}
 
     def unquantized_modules(self) -> list[str]:
         """Module prefixes vLLM must build unquantized (what its GGUF loader derives from F32/F16/BF16 weights)."""

@@ -51,13 +51,14 @@ D_V = 512
 FP8_ROW_BYTES = 656  # 512 e4m3 + 4 fp32 scales + 64 rope values (bf16; fp16 under fp16 queries)
 FP8_SCALE_OFFSET = tl.constexpr(512)  # constexpr: read inside the kernel
 FP8_ROPE_OFFSET = tl.constexpr(528)
-# How a kernel turns e4m3 bytes into dot inputs of the query dtype (the FP8_DECODE constexpr) and the factor K_F the
-# decoded K is off by (folded back through the per-128 scales):
+# How a kernel turns e4m3 bytes into dot inputs of the dots' dtype (the FP8_DECODE constexpr) and the factor K_F the
+# decoded K is off by (folded back through the per-128 scales).  On a GPU the fp8 cache's dots are always bf16
+# (compute_dtype: fp16 queries too); the interpreter's are fp32.
 #   "f32"      float32 (interpreter exactness path), K_F 1
-#   "cvt"      Triton's float8e4nv -> f16 conversion (sm_89+; for bf16 queries then f16 -> f32 -> bf16), K_F 1
-#   "f16bits"  integer bit trick to fp16 holding value / 2**8 (any target; bf16 queries: then -> f32 -> bf16), K_F 2**8
+#   "cvt"      Triton's float8e4nv -> f16 conversion, then f16 -> f32 -> bf16 (sm_89+), K_F 1
+#   "f16bits"  integer bit trick to fp16 holding value / 2**8, then -> bf16 (any target), K_F 2**8
 #   "f16ptx"   the same result from four-bytes-at-a-time PTX (prmt + masks; GPU only)
-#   "bf16bits" integer bit trick to bf16 holding value * 2**-120 (bf16 queries, any target), K_F 2**-120
+#   "bf16bits" integer bit trick to bf16 holding value * 2**-120 (any target), K_F 2**-120
 #   "bf16ptx"  the same result from four-bytes-at-a-time PTX (GPU only)
 FP8_DECODES = ("f32", "cvt", "f16bits", "f16ptx", "bf16bits", "bf16ptx")
 NO_FP8_DECODE = "none"  # the constexpr's value for a bf16 cache (one compiled variant, whatever the override)
@@ -98,10 +99,7 @@ def _decode_e4m3(raw, DT: tl.constexpr, FP8_DECODE: tl.constexpr):
     elif FP8_DECODE == "cvt":
         # e4m3 -> f16 is one cvt per pair on sm_89+; Triton's direct e4m3 -> bf16 emits cvt.bf16.f16, which
         # ptxas rejects below sm_90, so bf16 goes through f32
-        h = raw.to(tl.float8e4nv, bitcast=True).to(tl.float16)
-        if DT == tl.float16:
-            return h
-        return h.to(tl.float32).to(DT)
+        return raw.to(tl.float8e4nv, bitcast=True).to(tl.float16).to(tl.float32).to(DT)
     elif FP8_DECODE == "f16ptx":
         return e4m3_bytes_to_f16_div256_ptx(raw).to(DT)
     elif FP8_DECODE == "bf16bits":
@@ -514,24 +512,21 @@ def fp8_decode_method(capability: tuple[int, int], dtype: torch.dtype, on_gpu: b
     """The FP8_DECODE the fp8_ds_mla kernel uses for queries of ``dtype`` on ``capability`` (see FP8_DECODES).
 
     Default: the native conversion from sm_89 on (measured fastest on an H200, bench/RESULTS.md 2026-11-30);
-    below sm_89, which has none, the packed PTX bit trick into the compute dtype (plain Triton in the interpreter).
+    below sm_89, which has none, the packed PTX bit trick into bf16 (plain Triton in the interpreter).
     ``GLM5_SPARSE_MLA_FP8_DECODE=<method>`` overrides it (benchmarking); a method this case cannot use is refused."""
-    dtype = compute_dtype(dtype, "fp8_ds_mla", on_gpu)
-    if dtype == torch.float32:
+    if compute_dtype(dtype, "fp8_ds_mla", on_gpu) == torch.float32:
         return "f32"
+    # every other case computes in bf16 (fp16 queries included), which all the methods below decode into
     mode = os.environ.get("GLM5_SPARSE_MLA_FP8_DECODE", "auto").strip().lower() or "auto"
     if mode == "auto":
         if native_fp8_supported(capability):
             return "cvt"
-        kind = "bf16" if dtype == torch.bfloat16 else "f16"
-        return kind + ("ptx" if on_gpu else "bits")
+        return "bf16ptx" if on_gpu else "bf16bits"
     why = None
     if mode not in FP8_DECODES or mode == "f32":
         why = f"expected auto or one of {', '.join(FP8_DECODES[1:])}"
     elif mode == "cvt" and not native_fp8_supported(capability):
         why = f"cvt needs sm_89 or newer, this is sm_{capability[0]}{capability[1]}"
-    elif mode.startswith("bf16") and dtype != torch.bfloat16:
-        why = f"{mode} decodes to bf16, the dots run in {dtype}"
     elif mode.endswith("ptx") and not on_gpu:
         why = f"{mode} is PTX: GPU only (the interpreter takes {mode[:-3]}bits)"
     if why:

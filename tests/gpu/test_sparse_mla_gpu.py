@@ -53,6 +53,17 @@ def _case(T, H, K, dtype, kv_format, *, num_blocks=64, block_size=64, pad_rows=0
     return q, kv, kv_bf, idx
 
 
+def _far_from_unit_scale(dtype, seed, latent_scale, q_scale):
+    """A GLM-5-shaped fp8 case with the latent cache scaled by latent_scale and the queries by q_scale, plus the
+    softmax scale that gives the same score distribution as at unit scale."""
+    _, ref = _mods()
+    q, kv, _, idx = _case(5, 16, 2048, dtype, "fp8_ds_mla", seed=seed)
+    rope = ref.fp8_ds_mla_rope_dtype(dtype)
+    kv = ref.quantize_fp8_ds_mla(ref.dequant_fp8_ds_mla(kv, rope_dtype=rope) * latent_scale, rope_dtype=rope)
+    q = (q.float() * q_scale).to(dtype)
+    return q, kv, idx, SCALE / (q_scale * latent_scale)
+
+
 def _rel(a, b):
     return ((a.double() - b).norm() / b.norm().clamp_min(1e-30)).item()
 
@@ -106,14 +117,10 @@ def test_fp16_queries(kv_format):
 @pytest.mark.parametrize("latent_scale,q_scale", [(1e-4, 1.0), (3e3, 1.0), (1.0, 1e-3), (1.0, 30.0)])
 def test_fp16_queries_on_fp8_cache_far_from_unit_scale(decode, latent_scale, q_scale, monkeypatch):
     # fp16 queries on the fp8 cache take bf16 dots: P * scale stays in range however small or large the scales
-    _, ref = _mods()
     monkeypatch.setenv("GLM5_SPARSE_MLA_FP8_DECODE", decode)
-    q, kv, _, idx = _case(5, 16, 2048, torch.float16, "fp8_ds_mla", seed=43)
-    f16 = torch.float16
-    kv = ref.quantize_fp8_ds_mla(ref.dequant_fp8_ds_mla(kv, rope_dtype=f16) * latent_scale, rope_dtype=f16)
-    q = (q.float() * q_scale).to(torch.float16)
+    q, kv, idx, scale = _far_from_unit_scale(torch.float16, 43, latent_scale, q_scale)
     idx[2, 7:] = -1
-    out, _ = _check(q, kv, idx, "fp8_ds_mla", scale=SCALE / (q_scale * latent_scale))
+    out, _ = _check(q, kv, idx, "fp8_ds_mla", scale=scale)
     assert out.dtype == torch.float16
 
 
@@ -223,14 +230,9 @@ def test_ptx_decodes_match_the_portable_ones_on_all_bytes():
 def test_fp8_bf16_decode_far_from_unit_scale(decode, latent_scale, q_scale, monkeypatch):
     # the bf16 decode carries K as value * 2**-120 and lifts q by 2**64, P by 2**96: tiny or large caches and
     # queries must neither underflow nor overflow
-    _, ref = _mods()
     monkeypatch.setenv("GLM5_SPARSE_MLA_FP8_DECODE", decode)
-    q, kv, _, idx = _case(5, 16, 2048, torch.bfloat16, "fp8_ds_mla", seed=41)
-    kv_f = ref.dequant_fp8_ds_mla(kv)
-    kv = ref.quantize_fp8_ds_mla(kv_f * latent_scale)
-    q = (q.float() * q_scale).to(torch.bfloat16)
-    # the same score distribution as at unit scale
-    _check(q, kv, idx, "fp8_ds_mla", scale=SCALE / (q_scale * latent_scale))
+    q, kv, idx, scale = _far_from_unit_scale(torch.bfloat16, 41, latent_scale, q_scale)
+    _check(q, kv, idx, "fp8_ds_mla", scale=scale)
 
 
 def test_batch_sizes_do_not_multiply_compiled_variants():
