@@ -756,7 +756,7 @@ def main() -> int:
     a.add_argument("--heads", type=int, default=MODEL_ARGS["heads"],
                    help="attention heads of the tiny model (GLM-5 has 64: with --tp 8 each rank holds 8)")
     a.add_argument("--arms", default="", help="comma-separated arm names (default: all six)")
-    a.add_argument("--dtype", default="", help="--dtype for every server, e.g. float16: what GGUF serving picks on "
+    a.add_argument("--dtype", default="", choices=["", "auto", "float16", "bfloat16"], help="--dtype for every server, e.g. float16: what GGUF serving picks on "
                    "compute capability >= 10 (sm_120); FlashMLA (native arms on an H200) is bf16 only")
     a.add_argument("--base-port", type=int, default=8100)
     a.add_argument("--start-timeout", type=float, default=420)

@@ -273,6 +273,14 @@ def sweep_shape(a, props, cap, H, T, q, fmt, cache, idx, idx_sets, rec, sweep_ro
             f"splits={best['splits']}")
 
 
+def _capability(text):
+    """--as-capability MAJOR.MINOR -> (major, minor); anything else is a one-line usage error."""
+    parts = text.split(".")
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(f"expected MAJOR.MINOR such as 12.0 or 8.6, got {text!r}")
+    return int(parts[0]), int(parts[1])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
@@ -294,15 +302,16 @@ def main():
     ap.add_argument("--dtype", default="", choices=["", "bfloat16", "float16"],
                     help="query (and bf16-format cache) dtype; default bfloat16 (float16 in the CPU smoke run). "
                          "float16 is what GGUF serving picks on sm_100+ (sm_120 included)")
-    ap.add_argument("--as-capability", default="", help="pick tiles, splits and fp8 decode as on this compute "
-                    "capability (e.g. 12.0: the sm_120 configuration timed on this GPU as a stand-in)")
+    ap.add_argument("--as-capability", default=None, type=_capability,
+                    help="pick tiles, splits and fp8 decode as on this compute capability (e.g. 12.0: the sm_120 "
+                         "configuration timed on this GPU as a stand-in)")
     ap.add_argument("--smoke-cpu", action="store_true", help="CPU/interpreter dry run of this script (tiny sizes)")
     a = ap.parse_args()
     globals()["TOPK"] = a.topk  # module-level default used by helpers
     if a.dtype:
         globals()["QDT"] = getattr(torch, a.dtype)
     if a.as_capability:
-        OURS_KW["capability"] = tuple(int(x) for x in a.as_capability.split("."))
+        OURS_KW["capability"] = a.as_capability
     if SMOKE:
         a.no_external, a.no_graph = True, True
     out_dir = pathlib.Path(a.out)
