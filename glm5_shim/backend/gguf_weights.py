@@ -2,7 +2,8 @@
 consumes, and check afterwards that no parameter was left uninitialised.
 
 Like vLLM's own GGUF iterator it yields every ``*.qweight_type`` first, then the data, so fused modules know their
-types before their bytes arrive.  Renames touch only the ``weight`` suffix (vLLM 0.23's ``str.replace`` also
+types before their bytes arrive.  The members of a fused module arrive together, in shard order
+(LoadPlan.stream_order).  Renames touch only the ``weight`` suffix (vLLM 0.23's ``str.replace`` also
 rewrote ``weights_proj``).
 """
 from __future__ import annotations
@@ -46,8 +47,9 @@ def _aliases(plan: LoadPlan) -> list[tuple[str, str]]:
 
 def iter_weights(plan: LoadPlan, progress=None) -> Iterator[tuple[str, torch.Tensor]]:
     aliases = _aliases(plan)
+    tensors = plan.stream_order()
     # pass 1: the GGML type of every weight that reaches vLLM quantized
-    for t in plan.tensors:
+    for t in tensors:
         names = [t.hf_name] + [hf for g, hf in aliases if g == t.gguf_name]
         if t.action == KEEP:
             for name in names:
@@ -57,7 +59,7 @@ def iter_weights(plan: LoadPlan, progress=None) -> Iterator[tuple[str, torch.Ten
     # pass 2: the data
     kv_parts: dict[int, dict[str, np.ndarray]] = {}
     where = str(plan.model.path)
-    for t in plan.tensors:
+    for t in tensors:
         if progress is not None:
             progress.update(1)
         if t.action == SKIP:

@@ -73,6 +73,20 @@ class LoadPlan:
         return sorted({name.removesuffix(".weight") for name, t in self.weight_types().items()
                        if t in ("F32", "F16", "BF16") and name.endswith(".weight")})
 
+    def stream_order(self) -> list[PlannedTensor]:
+        """The tensors in the order the loader hands them to vLLM: file order, except that the members of a fused
+        module are brought together at the first member's place, in shard order.  vLLM 0.23 concatenates a
+        quantized fused linear's shards in arrival order, and llama.cpp writes attn_kv_a_mqa before attn_q_a."""
+        first: dict[str, int] = {}
+        keys = []
+        for i, t in enumerate(self.tensors):
+            group = t.spec.fused_group if t.spec is not None else None
+            if group is None:
+                keys.append((i, 0))
+            else:
+                keys.append((first.setdefault(group, i), t.spec.fused_shard))
+        return [t for _, t in sorted(zip(keys, self.tensors), key=lambda kt: kt[0])]
+
     def by_action(self, action: str) -> list[PlannedTensor]:
         return [t for t in self.tensors if t.action == action]
 

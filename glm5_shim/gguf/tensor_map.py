@@ -43,6 +43,8 @@ class TensorSpec:
     float_only: bool = False
     # vLLM fuses these into one module; all members must be quantized, or all float.
     fused_group: str | None = None
+    # The member's shard id in that module (vLLM's stacked_params_mapping): the order its output is concatenated in.
+    fused_shard: int | None = None
 
     @property
     def is_mtp(self) -> bool:
@@ -140,7 +142,7 @@ def build_tensor_map(config: dict[str, Any], *, include_mtp: bool = True) -> Ten
         hf = f"model.layers.{layer}."
 
         def add(gguf_suffix: str, hf_suffix: str, shape: tuple[int, ...], role: str = ROLE_NORMAL, *,
-                required: bool = True, float_only: bool = False, fused_group: str | None = None) -> None:
+                required: bool = True, float_only: bool = False, fused: tuple[str, int] | None = None) -> None:
             specs.append(TensorSpec(
                 gguf_name=blk + gguf_suffix,
                 hf_name=hf + hf_suffix,
@@ -150,16 +152,17 @@ def build_tensor_map(config: dict[str, Any], *, include_mtp: bool = True) -> Ten
                 required=required,
                 base_role=role,
                 float_only=float_only,
-                fused_group=(hf + fused_group) if fused_group else None,
+                fused_group=(hf + fused[0]) if fused else None,
+                fused_shard=fused[1] if fused else None,
             ))
 
         add("attn_norm.weight", "input_layernorm.weight", (hidden,), float_only=True)
         add("ffn_norm.weight", "post_attention_layernorm.weight", (hidden,), float_only=True)
-        add("attn_q_a.weight", "self_attn.q_a_proj.weight", (q_lora, hidden), fused_group="self_attn.fused_qkv_a_proj")
+        add("attn_q_a.weight", "self_attn.q_a_proj.weight", (q_lora, hidden), fused=("self_attn.fused_qkv_a_proj", 0))
         add("attn_q_a_norm.weight", "self_attn.q_a_layernorm.weight", (q_lora,), float_only=True)
         add("attn_q_b.weight", "self_attn.q_b_proj.weight", (heads * (nope + rope), q_lora))
         add("attn_kv_a_mqa.weight", "self_attn.kv_a_proj_with_mqa.weight", (kv_lora + rope, hidden),
-            fused_group="self_attn.fused_qkv_a_proj")
+            fused=("self_attn.fused_qkv_a_proj", 1))
         add("attn_kv_a_norm.weight", "self_attn.kv_a_layernorm.weight", (kv_lora,), float_only=True)
         # The converter splits kv_b_proj per head into k_b (transposed) and v_b; the loader rebuilds it.
         add("attn_k_b.weight", "self_attn.kv_b_proj.weight", (heads, kv_lora, nope), ROLE_REBUILD_KV_B)
@@ -181,14 +184,14 @@ def build_tensor_map(config: dict[str, Any], *, include_mtp: bool = True) -> Ten
             add("ffn_down_exps.weight", "mlp.experts.0.down_proj.weight", (experts, hidden, moe_inter), ROLE_EXPERTS)
             if shared_inter:
                 add("ffn_gate_shexp.weight", "mlp.shared_experts.gate_proj.weight", (shared_inter, hidden),
-                    fused_group="mlp.shared_experts.gate_up_proj")
+                    fused=("mlp.shared_experts.gate_up_proj", 0))
                 add("ffn_up_shexp.weight", "mlp.shared_experts.up_proj.weight", (shared_inter, hidden),
-                    fused_group="mlp.shared_experts.gate_up_proj")
+                    fused=("mlp.shared_experts.gate_up_proj", 1))
                 add("ffn_down_shexp.weight", "mlp.shared_experts.down_proj.weight", (hidden, shared_inter))
         else:
             inter = c["intermediate_size"]
-            add("ffn_gate.weight", "mlp.gate_proj.weight", (inter, hidden), fused_group="mlp.gate_up_proj")
-            add("ffn_up.weight", "mlp.up_proj.weight", (inter, hidden), fused_group="mlp.gate_up_proj")
+            add("ffn_gate.weight", "mlp.gate_proj.weight", (inter, hidden), fused=("mlp.gate_up_proj", 0))
+            add("ffn_up.weight", "mlp.up_proj.weight", (inter, hidden), fused=("mlp.gate_up_proj", 1))
             add("ffn_down.weight", "mlp.down_proj.weight", (hidden, inter))
         if is_mtp:
             add("nextn.eh_proj.weight", "eh_proj.weight", (hidden, 2 * hidden))

@@ -10,6 +10,7 @@ PATCH_MODULES = (
     "gguf_config",
     "dtype_gate",
     "gguf_loader",
+    "gguf_shard_order",
     "tp_split",
     "attention_selector",
     "indexer",
