@@ -1,8 +1,12 @@
 """A tiny glm-dsa GGUF all the way through vLLM's loader on a CPU machine: config, tokenizer, model construction,
-the weight stream, post-load processing — for every quant type the fixture generator writes.  The loaded
-parameters are compared with the float weights the fixture started from.
+the weight stream, post-load processing — for every quant type the fixture generator writes, in the tensor order
+llama.cpp's converter writes (attn_kv_a_mqa before attn_q_a), llama-quantize's, and the generator's old one.  The
+loaded parameters are compared with the float weights the fixture started from; a quantized fused linear (q_a+kv_a,
+gate+up) is read shard by shard in the order GGUFLinearMethod.apply concatenates them.
 
-One child process loads every model (vLLM imports once); the comparisons run here.
+One child process loads every model of a group (vLLM imports once); the comparisons run here.  Besides the shim as
+shipped, two groups switch one of its two fixes off (the loader's shard-order stream, the gguf-shard-order patch):
+each fix alone must load llama.cpp's order right; with both off vLLM computes [kv_a | q_a] (the bug's premise).
 """
 from __future__ import annotations
 
@@ -21,28 +25,56 @@ from tests.helpers import REPO, child_env
 # Max |dequantized - reference| / max|reference| per type (see tests/gguf/test_roundtrip.py for the derivation).
 BOUND = {"F32": 0.0, "F16": 2**-11, "BF16": 2**-8, "Q8_0": 0.006, "Q6_K": 0.02, "Q5_0": 0.07, "Q4_K": 0.08,
          "Q4_0": 0.13}
+# Types only llama-quantize's files have here (tests/gguf/test_llama_tools_real.py), whose references are decoded
+# from the file itself: the loader must reproduce them up to float rounding, so these loose bounds (a few
+# quantization steps) only leave room for the float weights the loader rebuilds (kv_b_proj, the indexer's).
+BOUND.update({"Q4_1": 0.13, "Q5_1": 0.07, "Q5_K": 0.04, "Q3_K": 0.2, "Q2_K": 0.35, "IQ4_NL": 0.13, "IQ4_XS": 0.13})
 # attn_k_b's last dim (192) does not fit 256-blocks: llama-quantize falls back (Q4_K → Q5_0, Q6_K → Q8_0).
 KV_B_TYPE = {"Q4_K": "Q5_0", "Q6_K": "Q8_0"}
-CASES = list(QUANT_TYPES) + ["Q4_K-split3"]
+# case → make_tiny arguments.  Plain type names are the converter's order (the generator's default).
+CASES = {q: {"quant": q} for q in QUANT_TYPES}
+CASES.update({
+    "Q4_K-split3": {"quant": "Q4_K", "shards": 3},
+    "Q4_K-legacy": {"quant": "Q4_K", "order": "legacy"},
+    "Q8_0-legacy": {"quant": "Q8_0", "order": "legacy"},
+    "Q4_K-quantize": {"quant": "Q4_K", "order": "quantize"},
+    # llama-quantize presets: its per-tensor types (Q5_0, Q5_K, Q6_K, Q8_0 beside the base type) and its order;
+    # "quant" is the base type, whose bound covers the float weights the loader rebuilds.
+    "Q4_K_M": {"preset": "Q4_K_M", "quant": "Q4_K"},
+    "Q2_K": {"preset": "Q2_K", "quant": "Q2_K"},
+})
+# One fix at a time, and neither (harness switches, see tests/vllm_cpu_harness.py).
+GROUPS = {
+    "shipped": ({}, list(CASES)),
+    "patch-only": ({"HARNESS_FILE_ORDER": "1"}, ["Q8_0", "Q4_K", "Q6_K", "Q4_K_M"]),
+    "loader-only": ({"HARNESS_STOCK_SHARD_ORDER": "1"}, ["Q8_0", "Q4_K", "Q6_K", "Q4_K_M"]),
+    "neither": ({"HARNESS_FILE_ORDER": "1", "HARNESS_STOCK_SHARD_ORDER": "1"}, ["Q8_0"]),
+}
+
+
+def _run_group(root: pathlib.Path, env: dict, cases: list[str], paths: dict) -> dict:
+    out = root / f"out-{len(list(root.glob('out-*')))}"
+    out.mkdir()
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "vllm_cpu_harness.py"), str(out),
+                           *[str(paths[c]) for c in cases]], env=child_env(env), capture_output=True, text=True,
+                          timeout=1500, cwd=str(REPO))
+    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(results) == len(cases), proc.stderr[-4000:]
+    # the reference sits beside the name make_tiny was given (a split file's first shard has another name)
+    return {case: (res, out / f"{i}.npz", root / f"tiny-{case}.gguf") for i, (case, res) in
+            enumerate(zip(cases, results))}
 
 
 @pytest.fixture(scope="module")
-def loaded(tmp_path_factory):
+def groups(tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm-load")
-    paths = {}
-    for case in CASES:
-        quant, _, split = case.partition("-split")
-        files = make_tiny(root / f"tiny-{case}.gguf", quant=quant, shards=int(split or 1), seed=0)
-        paths[case] = files[0]
-    out = root / "out"
-    out.mkdir()
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "vllm_cpu_harness.py"), str(out),
-                           *[str(paths[c]) for c in CASES]], env=child_env(), capture_output=True, text=True,
-                          timeout=1500, cwd=str(REPO))
-    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert len(results) == len(CASES), proc.stderr[-4000:]
-    return {case: (res, out / f"{i}.npz", root / f"tiny-{case}.gguf") for i, (case, res) in
-            enumerate(zip(CASES, results))}
+    paths = {case: make_tiny(root / f"tiny-{case}.gguf", seed=0, **kwargs)[0] for case, kwargs in CASES.items()}
+    return {group: _run_group(root, env, cases, paths) for group, (env, cases) in GROUPS.items()}
+
+
+@pytest.fixture(scope="module")
+def loaded(groups):
+    return groups["shipped"]
 
 
 def _reference(case_path: pathlib.Path) -> dict[str, np.ndarray]:
@@ -62,12 +94,33 @@ def _dequant(raw: np.ndarray, ggml_type: int) -> np.ndarray:
     return gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(ggml_type)).astype(np.float32)
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_every_parameter_matches_the_reference(loaded, case):
-    result, npz, gguf_path = loaded[case]
+def _fused(params: dict, types: dict, name: str) -> np.ndarray:
+    """A quantized fused linear's weight as GGUFLinearMethod.apply uses it: each shard's rows dequantized with its
+    own type, concatenated in qweight.shard_id order."""
+    rows = []
+    for _, start, end, size, ggml_type in types[name]["shards"]:
+        rows.append(_dequant(np.ascontiguousarray(params[name][start:end, :size]), ggml_type))
+    return np.concatenate(rows)
+
+
+def _shard_type(types: dict, name: str) -> str:
+    """The loosest type among a fused linear's shards (its bound applies to the whole)."""
+    names = [gguf.GGMLQuantizationType(s[-1]).name for s in types[name]["shards"]]
+    return max(names, key=BOUND.get)
+
+
+@pytest.mark.parametrize("case", [(g, c) for g, (_, cases) in GROUPS.items() if g != "neither" for c in cases],
+                         ids=lambda gc: f"{gc[0]}-{gc[1]}")
+def test_every_parameter_matches_the_reference(groups, case):
+    group, case = case
+    result, npz, gguf_path = groups[group][case]
+    check_every_parameter(result, npz, gguf_path, CASES[case]["quant"], case)
+
+
+def check_every_parameter(result: dict, npz: pathlib.Path, gguf_path: pathlib.Path, quant: str, case: str) -> None:
+    """Every loaded parameter against `<stem>.reference/`; quant: the file's main type (its bounds)."""
     assert result["ok"], result
     assert result["model_type"] == "glm_moe_dsa" and result["tokenizer"]["vocab"] > 256
-    quant = case.split("-")[0]
     ref = _reference(gguf_path)
     config = json.loads((reference_dir(gguf_path) / "config.json").read_text())
     params = dict(np.load(npz))
@@ -76,7 +129,10 @@ def test_every_parameter_matches_the_reference(loaded, case):
     checked = set()
 
     def expect(name: str, reference: np.ndarray, type_name: str) -> None:
-        if name.endswith("qweight"):
+        if name.endswith("qweight") and isinstance(types[name], dict):
+            value = _fused(params, types, name).reshape(reference.shape)
+            type_name = _shard_type(types, name)
+        elif name.endswith("qweight"):
             t = types[name]
             assert isinstance(t, int), (name, t)
             value = _dequant(params[name], t).reshape(reference.shape)
@@ -103,15 +159,12 @@ def test_every_parameter_matches_the_reference(loaded, case):
         for proj in ("self_attn.q_b_proj", "self_attn.o_proj", "self_attn.indexer.wq_b"):
             expect(p + proj + (".weight" if float_quant else ".qweight"), ref[h + proj + ".weight"], quant)
         fused_q = np.concatenate([ref[h + "self_attn.q_a_proj.weight"], ref[h + "self_attn.kv_a_proj_with_mqa.weight"]])
-        if float_quant:
-            expect(p + "self_attn.fused_qkv_a_proj.weight", fused_q, quant)
+        suffix = ".weight" if float_quant else ".qweight"
+        expect(p + "self_attn.fused_qkv_a_proj" + suffix, fused_q, quant)
         if layer < config["first_k_dense_replace"]:
-            if float_quant:
-                expect(p + "mlp.gate_up_proj.weight",
-                       np.concatenate([ref[h + "mlp.gate_proj.weight"], ref[h + "mlp.up_proj.weight"]]), quant)
-                expect(p + "mlp.down_proj.weight", ref[h + "mlp.down_proj.weight"], quant)
-            else:
-                expect(p + "mlp.down_proj.qweight", ref[h + "mlp.down_proj.weight"], quant)
+            expect(p + "mlp.gate_up_proj" + suffix,
+                   np.concatenate([ref[h + "mlp.gate_proj.weight"], ref[h + "mlp.up_proj.weight"]]), quant)
+            expect(p + "mlp.down_proj" + suffix, ref[h + "mlp.down_proj.weight"], quant)
             continue
         expect(p + "mlp.gate.weight", ref[h + "mlp.gate.weight"], "F32")
         expect(p + "mlp.gate.e_score_correction_bias", ref[h + "mlp.gate.e_score_correction_bias"], "F32")
@@ -122,8 +175,10 @@ def test_every_parameter_matches_the_reference(loaded, case):
         # float experts are re-quantized to Q8_0 at load (vLLM 0.23 runs only quantized GGUF experts)
         expect(p + "mlp.experts.w13_qweight", w13, quant)
         expect(p + "mlp.experts.w2_qweight", w2, quant)
-        down = p + "mlp.shared_experts.down_proj." + ("weight" if float_quant else "qweight")
-        expect(down, ref[h + "mlp.shared_experts.down_proj.weight"], quant)
+        expect(p + "mlp.shared_experts.gate_up_proj" + suffix,
+               np.concatenate([ref[h + "mlp.shared_experts.gate_proj.weight"],
+                               ref[h + "mlp.shared_experts.up_proj.weight"]]), quant)
+        expect(p + "mlp.shared_experts.down_proj" + suffix, ref[h + "mlp.shared_experts.down_proj.weight"], quant)
     expect("model.norm.weight", ref["model.norm.weight"], "F32")
     for name, src in (("model.embed_tokens", "model.embed_tokens.weight"), ("lm_head", "lm_head.weight")):
         expect(name + (".weight" if float_quant else ".qweight"), ref[src], quant)
@@ -136,3 +191,18 @@ def test_split_file_loads_exactly_like_one_file(loaded):
     assert single.keys() == split.keys()
     for name in single:
         np.testing.assert_array_equal(single[name], split[name], err_msg=name)
+
+
+def test_without_either_fix_vllm_computes_kv_a_before_q_a(groups):
+    """The premise of both fixes: fed llama.cpp's order (attn_kv_a_mqa first), stock vLLM 0.23 concatenates the
+    quantized fused_qkv_a_proj as [kv_a | q_a] where the model splits [q_a | kv_a]."""
+    result, npz, gguf_path = groups["neither"]["Q8_0"]
+    assert result["ok"], result
+    params, types, ref = dict(np.load(npz)), result["types"], _reference(gguf_path)
+    h = "model.layers.0."
+    name = h + "self_attn.fused_qkv_a_proj.qweight"
+    assert [s[0] for s in types[name]["shards"]] == [1, 0]
+    swapped = np.concatenate([ref[h + "self_attn.kv_a_proj_with_mqa.weight"], ref[h + "self_attn.q_a_proj.weight"]])
+    _close(_fused(params, types, name), swapped, "Q8_0", "stock order")
+    shipped, _, _ = groups["shipped"]["Q8_0"]
+    assert [s[0] for s in shipped["types"][name]["shards"]] == [0, 1]

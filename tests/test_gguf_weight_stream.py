@@ -69,3 +69,36 @@ def test_every_yielded_tensor_matches_the_reference(tmp_path, quant):
     if quant in ("F32",):  # exact float source: the rebuild is exact
         kv_b = dict(stream)["model.layers.0.self_attn.kv_b_proj.weight"].numpy()
         np.testing.assert_array_equal(kv_b, ref["model.layers.0.self_attn.kv_b_proj.weight"])
+
+
+FUSED = {"self_attn.q_a_proj.weight": ("self_attn.fused_qkv_a_proj", 0),
+         "self_attn.kv_a_proj_with_mqa.weight": ("self_attn.fused_qkv_a_proj", 1),
+         "mlp.gate_proj.weight": ("mlp.gate_up_proj", 0), "mlp.up_proj.weight": ("mlp.gate_up_proj", 1),
+         "mlp.shared_experts.gate_proj.weight": ("mlp.shared_experts.gate_up_proj", 0),
+         "mlp.shared_experts.up_proj.weight": ("mlp.shared_experts.gate_up_proj", 1)}
+
+
+@pytest.mark.parametrize("order", ["converter", "quantize", "legacy"])
+@pytest.mark.parametrize("quant", ["Q8_0", "Q4_K"])
+def test_fused_members_arrive_together_in_shard_order(tmp_path, quant, order):
+    """vLLM 0.23 concatenates a quantized fused linear's shards in arrival order: whatever the file's order
+    (llama.cpp's writes attn_kv_a_mqa before attn_q_a), the stream yields each fused module's members one after
+    the other, shard 0 first."""
+    path = make_tiny(tmp_path / "t.gguf", quant=quant, layers=3, order=order, write_reference=False)[0]
+    model = open_gguf(path)
+    file_order = [info.name for info in model]
+    if order != "legacy":
+        assert file_order.index("blk.0.attn_kv_a_mqa.weight") < file_order.index("blk.0.attn_q_a.weight")
+    data = [n for n, _ in iter_weights(plan_load(model, build_hf_config(model))) if not n.endswith("qweight_type")]
+    members: dict[str, list[tuple[int, int]]] = {}
+    for i, name in enumerate(data):
+        base = name.replace(".qweight", ".weight")
+        for suffix, (module, shard) in FUSED.items():
+            if base.endswith(suffix):
+                layer_prefix = base[: -len(suffix)]
+                members.setdefault(layer_prefix + module, []).append((i, shard))
+    assert len(members) == 3 + 1 + 2  # fused_qkv_a_proj in 3 layers, 1 dense gate_up, 2 MoE shared gate_up
+    for module, arrivals in members.items():
+        positions, shards = zip(*arrivals)
+        assert shards == (0, 1), (module, arrivals)
+        assert positions[1] == positions[0] + 1, (module, arrivals)

@@ -52,7 +52,9 @@ def _dump(model, path: str) -> dict:
             types[name] = getattr(owner, "weight_type", None)
             shard_types = getattr(owner, "shard_weight_type", None)
             if shard_types:
-                types[name] = {str(k): int(v) for k, v in shard_types.items()}
+                # a fused linear: what GGUFLinearMethod.apply reads, in the order it reads it
+                types[name] = {"shards": [[int(i), *map(int, param.shard_offset_map[i]), int(shard_types[i])]
+                                          for i in param.shard_id]}
     np.savez(path, **arrays)
     return types
 
@@ -83,6 +85,25 @@ def configs(cases: list[dict]) -> None:
             print(json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}", "frames": frames}), flush=True)
 
 
+def _apply_test_switches() -> None:
+    """HARNESS_FILE_ORDER=1: the shim's loader yields tensors in file order (without LoadPlan.stream_order's
+    regrouping); HARNESS_STOCK_SHARD_ORDER=1: the gguf-shard-order patch is undone (vLLM's own arrival order).
+    Together they show what vLLM does with a llama.cpp file without either fix."""
+    import os
+
+    if os.environ.get("HARNESS_FILE_ORDER") == "1":
+        from glm5_shim.gguf.load_plan import LoadPlan
+
+        LoadPlan.stream_order = lambda self: list(self.tensors)
+    if os.environ.get("HARNESS_STOCK_SHARD_ORDER") == "1":
+        import vllm.model_executor.layers.quantization.gguf  # noqa: F401  (triggers the patch)
+        from glm5_shim.registry import APPLIED, REGISTRY
+
+        patch = REGISTRY.get("gguf-shard-order")
+        assert patch.state == APPLIED, patch.as_dict()
+        patch.undo()
+
+
 def main(argv: list[str]) -> int:
     if argv[0] == "configs":
         _install_cpu_scaffolding()
@@ -90,6 +111,7 @@ def main(argv: list[str]) -> int:
         return 0
     out_dir, models = argv[0], argv[1:]
     _install_cpu_scaffolding()
+    _apply_test_switches()
     from vllm.config import set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
     from vllm.engine.arg_utils import EngineArgs

@@ -24,18 +24,20 @@ import gguf
 import numpy as np
 
 from ._tiny_corpus import TINY_CORPUS
-from .kquants import quantize_q4_k, quantize_q6_k
+from .kquants import quantize_q2_k, quantize_q3_k, quantize_q4_k, quantize_q5_k, quantize_q6_k
 from .kv_b import rebuild_kv_b, split_kv_b
+from .llama_tools import CONVERTER_OUTTYPES, PRESET_FILE_TYPES, QUANTIZE_PRESETS, converter_keeps_f32, \
+    converter_order, converter_type, fit_to_row, quantize_order, quantize_types
 
 ARCH = "glm-dsa"
+# quant: what every quantizable tensor becomes.  F32/F16/BF16/Q8_0 are convert_hf_to_gguf.py's --outtype (its
+# per-tensor choices: indexer.proj, norms, router and biases stay F32); the others are "pure" files (like
+# llama-quantize --pure).  A llama-quantize preset (preset=..., llama_tools.QUANTIZE_PRESETS) gives the mix the real
+# tool writes instead.
 QUANT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q6_K")
-# Further types accepted in `overrides` (gguf-py can quantize them): used to make files vLLM cannot run.
-EXTRA_OVERRIDE_TYPES = ("Q4_1", "Q5_1", "TQ1_0", "TQ2_0", "MXFP4")
-
-# llama-quantize (src/llama-quant.cpp) falls back when a tensor's row length ne0 is not a multiple of the
-# requested type's block size: Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0; if even that does not fit, F16.
-# In GLM-5 only attn_k_b (ne0 = nope = 192) is affected.
-BLOCK_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+# Tensor orders: what the real tools write ("converter": convert_hf_to_gguf.py, "quantize": llama-quantize), or the
+# generator's historical order ("legacy": attn_q_a first, one block's tensors in the HF model's module order).
+ORDERS = ("auto", "converter", "quantize", "legacy")
 
 FILE_TYPES = {
     "F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16,
@@ -308,23 +310,15 @@ def hf_to_gguf_tensors(weights: dict[str, np.ndarray], config: dict[str, Any]) -
     return out
 
 
-def never_quantized(gguf_name: str, array: np.ndarray) -> bool:
-    """llama.cpp keeps 1-D tensors, norms, the router and biases in F32."""
-    return array.ndim == 1 or gguf_name.endswith(("_norm.weight", "ffn_gate_inp.weight", ".bias"))
-
-
 def choose_type(gguf_name: str, array: np.ndarray, quant: str, overrides: dict[str, str] | None = None) -> str:
+    """The type of one tensor in a `quant` file (see QUANT_TYPES); overrides win."""
     if overrides and gguf_name in overrides:
         return overrides[gguf_name]
-    if never_quantized(gguf_name, array):
+    if quant in CONVERTER_OUTTYPES:
+        return converter_type(gguf_name, array.shape, quant)
+    if converter_keeps_f32(gguf_name, array.ndim) and not gguf_name.endswith("indexer.proj.weight"):
         return "F32"
-    block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[quant]][0]
-    if array.shape[-1] % block == 0:
-        return quant
-    fallback = BLOCK_FALLBACK.get(quant, "F16")
-    if array.shape[-1] % gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[fallback]][0] != 0:
-        return "F16"
-    return fallback
+    return fit_to_row(quant, array.shape[-1])
 
 
 def encode_tensor(array: np.ndarray, type_name: str) -> tuple[np.ndarray, gguf.GGMLQuantizationType | None]:
@@ -334,15 +328,28 @@ def encode_tensor(array: np.ndarray, type_name: str) -> tuple[np.ndarray, gguf.G
         return np.ascontiguousarray(array, dtype=np.float32), None
     if type_name == "F16":
         return np.ascontiguousarray(array, dtype=np.float16), None
-    if type_name == "Q4_K":
-        return quantize_q4_k(array), qtype
-    if type_name == "Q6_K":
-        return quantize_q6_k(array), qtype
-    return gguf.quants.quantize(np.ascontiguousarray(array, dtype=np.float32), qtype), qtype
+    if type_name in _KQUANTIZERS:
+        return _KQUANTIZERS[type_name](array), qtype
+    try:
+        return gguf.quants.quantize(np.ascontiguousarray(array, dtype=np.float32), qtype), qtype
+    except NotImplementedError:
+        raise ValueError(f"type {type_name}: the generator has no quantizer for it") from None
 
 
-def glm_dsa_metadata(config: dict[str, Any], tokenizer: TinyTokenizer, quant: str, pre: str) -> dict[str, tuple]:
-    """key → (value, GGUFValueType) in the order llama.cpp's GlmMoeDsaModel converter writes them."""
+_KQUANTIZERS = {"Q2_K": quantize_q2_k, "Q3_K": quantize_q3_k, "Q4_K": quantize_q4_k, "Q5_K": quantize_q5_k,
+                "Q6_K": quantize_q6_k}
+
+
+def file_type_of(quant: str, preset: str | None = None) -> gguf.LlamaFileType:
+    """general.file_type as the tools write it."""
+    if preset is not None:
+        return PRESET_FILE_TYPES[preset]
+    return FILE_TYPES.get(quant, gguf.LlamaFileType.GUESSED)
+
+
+def glm_dsa_metadata(config: dict[str, Any], tokenizer: TinyTokenizer, file_type: int, pre: str) -> dict[str, tuple]:
+    """key → (value, GGUFValueType) in the order llama.cpp's GlmMoeDsaModel converter writes them
+    (general.size_label, which depends on the tensors, is added by make_tiny after general.name)."""
     V = gguf.GGUFValueType
     c = config
     a = ARCH + "."
@@ -358,13 +365,14 @@ def glm_dsa_metadata(config: dict[str, Any], tokenizer: TinyTokenizer, quant: st
         a + "attention.head_count_kv": (1, V.UINT32),  # MLA is run as MQA over the latent
         a + "rope.freq_base": (float(c["rope_parameters"]["rope_theta"]), V.FLOAT32),
         a + "attention.layer_norm_rms_epsilon": (c["rms_norm_eps"], V.FLOAT32),
+        a + "expert_count": (c["n_routed_experts"], V.UINT32),
         a + "expert_used_count": (c["num_experts_per_tok"], V.UINT32),
         a + "expert_group_count": (c["n_group"], V.UINT32),
         a + "expert_group_used_count": (c["topk_group"], V.UINT32),
         a + "expert_gating_func": (2, V.UINT32),  # sigmoid
         a + "attention.key_length": (c["kv_lora_rank"] + c["qk_rope_head_dim"], V.UINT32),
         a + "attention.value_length": (c["kv_lora_rank"], V.UINT32),
-        "general.file_type": (int(FILE_TYPES.get(quant, gguf.LlamaFileType.GUESSED)), V.UINT32),
+        "general.file_type": (int(file_type), V.UINT32),
         a + "leading_dense_block_count": (c["first_k_dense_replace"], V.UINT32),
         a + "vocab_size": (c["vocab_size"], V.UINT32),
         a + "attention.q_lora_rank": (c["q_lora_rank"], V.UINT32),
@@ -372,7 +380,6 @@ def glm_dsa_metadata(config: dict[str, Any], tokenizer: TinyTokenizer, quant: st
         a + "attention.key_length_mla": (c["qk_nope_head_dim"] + c["qk_rope_head_dim"], V.UINT32),
         a + "attention.value_length_mla": (c["v_head_dim"], V.UINT32),
         a + "expert_feed_forward_length": (c["moe_intermediate_size"], V.UINT32),
-        a + "expert_count": (c["n_routed_experts"], V.UINT32),
         a + "expert_shared_count": (c["n_shared_experts"], V.UINT32),
         a + "expert_weights_scale": (c["routed_scaling_factor"], V.FLOAT32),
         a + "expert_weights_norm": (c["norm_topk_prob"], V.BOOL),
@@ -434,11 +441,17 @@ def make_tiny(out_path: str | Path, quant: str = "Q8_0", layers: int = 3, shards
               extra_tensors: dict[str, np.ndarray] | None = None,
               tie_embeddings: bool = False, tokenizer_pre: str = "glm4",
               write_reference: bool = True, residual_scale: float = 1.0, bigram_gain: float = 0.0,
-              reference: str = "float", intermediate: int = 512, moe_intermediate: int = 256) -> list[Path]:
+              reference: str = "float", intermediate: int = 512, moe_intermediate: int = 256,
+              preset: str | None = None, order: str = "auto") -> list[Path]:
     """Write a tiny random glm-dsa GGUF (or `shards` files) and its reference directory; return the GGUF paths.
 
-    quant: the type of every quantizable tensor (one of QUANT_TYPES); 1-D tensors, norms, router and biases
-      stay F32; rows that do not fit the type's block size use llama-quantize's fallback (BLOCK_FALLBACK).
+    quant: one of QUANT_TYPES.  F32/F16/BF16/Q8_0: the file convert_hf_to_gguf.py writes with that --outtype (norms,
+      router, biases and indexer.proj stay F32); Q4_0/Q5_0/Q4_K/Q6_K: every quantizable tensor of that type (norms,
+      router, biases F32), rows that do not fit the type's blocks falling back as llama-quantize does.
+    preset: a llama-quantize preset (llama_tools.QUANTIZE_PRESETS, e.g. "Q4_K_M"): the file llama-quantize writes from
+      the converter's BF16 file, with the per-tensor types it assigns (quant is then ignored).
+    order: tensor order (ORDERS): "auto" is the order of the tool that writes such a file (the converter for
+      quant, llama-quantize for a preset); "legacy" is the generator's old order (attn_q_a first).
     overrides: GGUF tensor name → type name, applied last (any type gguf.quants can quantize, for tests).
     metadata_overrides: key → value (None deletes the key); a value of the same kind (integer, float...)
       keeps the original key's GGUF type, another kind changes it (to write deliberately bad files).
@@ -455,8 +468,12 @@ def make_tiny(out_path: str | Path, quant: str = "Q8_0", layers: int = 3, shards
     """
     if reference not in ("float", "dequantized"):
         raise ValueError(f"reference {reference!r}: expected 'float' or 'dequantized'")
-    if quant not in QUANT_TYPES:
+    if preset is None and quant not in QUANT_TYPES:
         raise ValueError(f"quant {quant!r}: expected one of {', '.join(QUANT_TYPES)}")
+    if preset is not None and preset not in QUANTIZE_PRESETS:
+        raise ValueError(f"preset {preset!r}: expected one of {', '.join(QUANTIZE_PRESETS)}")
+    if order not in ORDERS:
+        raise ValueError(f"order {order!r}: expected one of {', '.join(ORDERS)}")
     if layers < 2:
         raise ValueError(f"layers={layers}: expected at least 2 (one dense block, one MoE block)")
     if shards < 1:
@@ -476,9 +493,23 @@ def make_tiny(out_path: str | Path, quant: str = "Q8_0", layers: int = 3, shards
     weights = random_hf_weights(config, seed, residual_scale=residual_scale, bigram_gain=bigram_gain,
                                 bigram_tokens=ordinary)
     tensors = hf_to_gguf_tensors(weights, config)
+    if order == "auto":
+        order = "quantize" if preset is not None else "converter"
+    if order == "converter":
+        names = converter_order(weights, config["n_routed_experts"], lambda hf: _gguf_names_of(hf, tensors))
+        tensors = {name: tensors[name] for name in names}
+    elif order == "quantize":
+        tensors = {name: tensors[name] for name in quantize_order(tensors)}
     tensors.update(extra_tensors or {})
+    if preset is not None:
+        types = preset_types(tensors, config, preset)
+        # llama-quantize reads the converter's BF16 file: its float tensors are bf16-rounded first.
+        tensors = {n: a if converter_keeps_f32(n, a.ndim) else _round_bf16(a) for n, a in tensors.items()}
+    else:
+        types = {name: choose_type(name, array, quant) for name, array in tensors.items()}
+    types.update(overrides or {})
 
-    metadata = glm_dsa_metadata(config, tokenizer, quant, tokenizer_pre)
+    metadata = glm_dsa_metadata(config, tokenizer, file_type_of(quant, preset), tokenizer_pre)
     for key, value in (metadata_overrides or {}).items():
         if value is None:
             metadata.pop(key, None)
@@ -494,17 +525,19 @@ def make_tiny(out_path: str | Path, quant: str = "Q8_0", layers: int = 3, shards
             array = tensor_hook(name, array)
             if array is None:
                 continue
-        type_name = choose_type(name, array, quant, overrides)
-        encoded.append((name, *encode_tensor(array, type_name)))
+        encoded.append((name, *encode_tensor(array, types[name])))
 
     per_shard = math.ceil(len(encoded) / shards) if shards > 1 else 0
     writer = gguf.GGUFWriter(out_path, ARCH, split_max_tensors=per_shard)
+    for name, data, raw_dtype in encoded:
+        writer.add_tensor(name, data, raw_dtype=raw_dtype)
+    if "general.size_label" not in (metadata_overrides or {}):
+        size_label = gguf.size_label(*writer.get_total_parameter_count()[:3], config["n_routed_experts"])
+        metadata = _insert_after(metadata, "general.name", "general.size_label", (size_label, gguf.GGUFValueType.STRING))
     for key, (value, vtype) in metadata.items():
         if key == "general.architecture":
             writer.kv_data[0].pop(key, None)  # the writer set it already; replace without a warning
         writer.add_key_value(key, value, vtype)
-    for name, data, raw_dtype in encoded:
-        writer.add_tensor(name, data, raw_dtype=raw_dtype)
     if len(writer.tensors) != shards:
         raise ValueError(f"cannot split {len(encoded)} tensors into {shards} shards")
     paths = writer.format_shard_names(out_path)
@@ -518,6 +551,41 @@ def make_tiny(out_path: str | Path, quant: str = "Q8_0", layers: int = 3, shards
             weights = gguf_to_hf_weights({name: decode_tensor(data, raw) for name, data, raw in encoded}, config)
         _write_reference(reference_dir(out_path), weights, config, tokenizer)
     return [Path(p) for p in paths]
+
+
+def _gguf_names_of(hf_name: str, tensors: dict[str, np.ndarray]) -> list[str]:
+    """The GGUF tensors the converter makes of one HF tensor (kv_b_proj → attn_k_b, attn_v_b; experts excluded)."""
+    if hf_name in _HF_TO_GGUF_GLOBAL:
+        return [_HF_TO_GGUF_GLOBAL[hf_name]]
+    _, _, layer, suffix = hf_name.split(".", 3)
+    if suffix == "self_attn.kv_b_proj.weight":
+        return [f"blk.{layer}.attn_k_b.weight", f"blk.{layer}.attn_v_b.weight"]
+    return [f"blk.{layer}.{_HF_TO_GGUF_BLOCK[suffix]}"]
+
+
+def preset_types(tensors: dict[str, np.ndarray], config: dict[str, Any], preset: str) -> dict[str, str]:
+    """The types llama-quantize assigns with `preset` to the converter's BF16 file of these tensors."""
+    source = {n: ("F32" if converter_keeps_f32(n, a.ndim) else "BF16", a.shape) for n, a in tensors.items()}
+    return quantize_types(source, preset, n_layers_all=config["num_hidden_layers"] + config["num_nextn_predict_layers"],
+                          n_experts=config["n_routed_experts"], n_gqa=config["num_attention_heads"])
+
+
+def _round_bf16(array: np.ndarray) -> np.ndarray:
+    """float32 → the nearest bfloat16, as float32 (round to nearest even)."""
+    bits = np.ascontiguousarray(array, dtype=np.float32).view(np.uint32)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return rounded.astype(np.uint32).view(np.float32)
+
+
+def _insert_after(items: dict, after: str, key: str, value) -> dict:
+    out = {}
+    for k, v in items.items():
+        out[k] = v
+        if k == after:
+            out[key] = value
+    if key not in out:
+        out[key] = value
+    return out
 
 
 def decode_tensor(data: np.ndarray, raw_dtype: gguf.GGMLQuantizationType | None) -> np.ndarray:
@@ -554,19 +622,54 @@ def gguf_to_hf_weights(tensors: dict[str, np.ndarray], config: dict[str, Any]) -
 
 def _write_reference(directory: Path, weights: dict[str, np.ndarray], config: dict[str, Any],
                      tokenizer: TinyTokenizer) -> None:
+    """An HF checkpoint directory: model.safetensors, config.json, tokenizer.json and tokenizer_config.json (which
+    names the tokenizer class, as GLM's checkpoints do, so llama.cpp's converter can read it with any transformers)."""
     from safetensors.numpy import save_file
 
     directory.mkdir(parents=True, exist_ok=True)
     save_file(weights, str(directory / "model.safetensors"), metadata={"format": "np"})
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     (directory / "tokenizer.json").write_text(tokenizer.tokenizer_json, encoding="utf-8")
+    tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>",
+                        "pad_token": "<|endoftext|>", "clean_up_tokenization_spaces": False,
+                        "model_max_length": config["max_position_embeddings"], "chat_template": CHAT_TEMPLATE}
+    (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n", encoding="utf-8")
+
+
+def write_dequantized_reference(gguf_path: str | Path, like: str | Path) -> Path:
+    """`<stem>.reference/` for any glm-dsa GGUF (one file, e.g. written by llama.cpp's own tools): the tensors it
+    stores decoded to float32 under HF names, with config and tokenizer files copied from the reference dir `like`."""
+    import shutil
+
+    from safetensors.numpy import save_file
+
+    config = json.loads((Path(like) / "config.json").read_text(encoding="utf-8"))
+    reader = gguf.GGUFReader(str(gguf_path))
+    decoded = {t.name: decode_tensor(t.data, None if t.tensor_type in (gguf.GGMLQuantizationType.F32,
+                                                                       gguf.GGMLQuantizationType.F16)
+                                     else t.tensor_type) for t in reader.tensors}
+    out = reference_dir(gguf_path)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(gguf_to_hf_weights(decoded, config), str(out / "model.safetensors"), metadata={"format": "np"})
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        if Path(like, name).resolve() != (out / name).resolve():
+            shutil.copyfile(Path(like) / name, out / name)
+    return out
 
 
 # --- command line ---------------------------------------------------------------------------------------
 
 def add_make_tiny_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("out", metavar="OUT.gguf", help="output file (shards get -0000k-of-0000N inserted)")
-    parser.add_argument("--quant", default="Q8_0", choices=QUANT_TYPES, help="type of quantizable tensors")
+    parser.add_argument("--quant", default="Q8_0", choices=QUANT_TYPES,
+                        help="F32/F16/BF16/Q8_0: the file convert_hf_to_gguf.py writes with that --outtype; "
+                             "Q4_0/Q5_0/Q4_K/Q6_K: every quantizable tensor of that type")
+    parser.add_argument("--preset", choices=tuple(QUANTIZE_PRESETS),
+                        help="the file llama-quantize writes with this preset from the converter's BF16 file "
+                             "(its per-tensor types and order); overrides --quant")
+    parser.add_argument("--order", choices=ORDERS, default="auto",
+                        help="tensor order: auto (that of the tool that writes such a file), converter, quantize, "
+                             "or legacy (the generator's old order, attn_q_a first)")
     parser.add_argument("--layers", type=int, default=3, help="decoder layers, without the MTP layer (>= 2)")
     parser.add_argument("--shards", type=int, default=1, help="number of GGUF files")
     parser.add_argument("--heads", type=int, default=4, help="attention heads")
@@ -589,6 +692,7 @@ def run_make_tiny(args: argparse.Namespace) -> int:
     paths = make_tiny(args.out, quant=args.quant, layers=args.layers, shards=args.shards, mtp=not args.no_mtp,
                       heads=args.heads, index_heads=args.index_heads, index_topk=args.index_topk, seed=args.seed,
                       reference=args.reference, intermediate=args.intermediate, moe_intermediate=args.moe_intermediate,
+                      preset=args.preset, order=args.order,
                       **(PEAKED if args.peaked else {}))
     for path in paths:
         print(path)
