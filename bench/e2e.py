@@ -632,7 +632,7 @@ def run_all(args) -> int:
     results = {"date": time.strftime("%Y-%m-%d %H:%M"), "tp": args.tp, "command": " ".join(sys.argv),
                "gpu": gpu_name(), "arms": {a.name: {"quant": a.quant, "kv": a.kv, "path": a.path} for a in arms}}
     save = lambda: (out / "results.json").write_text(json.dumps(results, indent=1))
-    from glm5_shim.gguf.fixture import PEAKED, make_tiny
+    from glm5_shim.gguf.fixture import PEAKED, make_tiny, reference_dir, write_dequantized_reference
 
     model_args = dict(MODEL_ARGS, heads=args.heads)
     if model_args["heads"] % args.tp:
@@ -642,10 +642,19 @@ def run_all(args) -> int:
         model_args.update(intermediate=max(512, 256 * args.tp), moe_intermediate=256 * args.tp)
     models = {}
     for q in quants:
-        path = out / "models" / f"tiny-{q}.gguf"
-        make_tiny(path, quant=q, reference="dequantized", **model_args, **PEAKED)
+        given = Path(args.models) / f"tiny-{q}.gguf" if args.models else None
+        if given is not None and given.is_file():
+            # a file written elsewhere (e.g. by llama.cpp's own tools: bench/real_gguf.py); the float32 reference is
+            # what it stores
+            path = given
+            if not (reference_dir(path) / "model.safetensors").is_file():
+                write_dequantized_reference(path, like=reference_dir(path))
+        else:
+            path = out / "models" / f"tiny-{q}.gguf"
+            make_tiny(path, quant=q, reference="dequantized", **model_args, **PEAKED)
         models[q] = str(path)
-    results["models"] = {q: dict(path=p, **model_args, **PEAKED) for q, p in models.items()}
+    results["models"] = {q: dict(path=p, **({"given": True} if args.models and Path(p).parent == Path(args.models)
+                                            else dict(**model_args, **PEAKED))) for q, p in models.items()}
     for i, arm in enumerate(arms):
         arm.port = args.base_port + i
         start(arm, models, out, args.tp, args.dtype)
@@ -752,6 +761,8 @@ def main() -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("all")
     a.add_argument("--out", required=True)
+    a.add_argument("--models", default="", help="serve DIR/tiny-<quant>.gguf where it exists (e.g. a file "
+                   "llama.cpp's own tools wrote: bench/real_gguf.py) instead of generating it; its widths are its own")
     a.add_argument("--tp", type=int, default=1)
     a.add_argument("--heads", type=int, default=MODEL_ARGS["heads"],
                    help="attention heads of the tiny model (GLM-5 has 64: with --tp 8 each rank holds 8)")

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # One device call: install the offline vLLM bundle, then GPU tests, kernel benchmarks and an end-to-end smoke.
 #   run with carry [".gpu/bundle"]:  bash bench/gpu_session.sh [tests] [bench] [e2e]
+#   (or carry [".gpu/bundle_slim", ...]: SLIM=1 make_bundle.sh, ~30 MiB, leaves room for .whl and models)
 # Results land in $OUT (at most 8 files come back): gpu_tests.log, sparse_mla.md, indexer.md, session.log,
 #   e2e.md, results.json, e2e_logs.tar.gz
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 steps=${*:-tests bench e2e}
 log() { echo "== $(date +%T) $*" | tee -a "$OUT/session.log"; }
+BUNDLE=${BUNDLE:-$([[ -d .gpu/bundle_slim ]] && echo .gpu/bundle_slim || echo .gpu/bundle)}
 if [[ ! -f /tmp/vllm_site/env.sh ]]; then
-  log install; bash .gpu/bundle/install.sh >> "$OUT/session.log" 2>&1 || { log "install failed"; exit 1; }
+  log "install $BUNDLE"; bash "$BUNDLE/install.sh" >> "$OUT/session.log" 2>&1 || { log "install failed"; exit 1; }
 fi
 source /tmp/vllm_site/env.sh
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
