@@ -69,6 +69,32 @@ _platforms._current_platform = _CpuPlatform()
 """
 
 
+def write_other_architecture_gguf(path: pathlib.Path, arch: str = "qwen2") -> pathlib.Path:
+    """A valid GGUF of another architecture (one tensor): not GLM-5, so the shim leaves it to vLLM."""
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_tensor("output_norm.weight", np.ones(64, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def load_in_cpu_harness(out: pathlib.Path, models: list, env: dict | None = None) -> list[dict]:
+    """Load each GGUF through vLLM on the CPU (tests/vllm_cpu_harness.py, shim active): one result dict per model,
+    its parameters in out/<i>.npz."""
+    out.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "vllm_cpu_harness.py"), str(out),
+                           *[str(m) for m in models]], env=child_env(env), capture_output=True, text=True,
+                          timeout=1500, cwd=str(REPO))
+    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(results) == len(models), proc.stderr[-4000:]
+    return results
+
+
 def bench_module(name: str):
     """Import bench/<name>.py (a script directory, not a package) once, under its own module name."""
     import importlib.util

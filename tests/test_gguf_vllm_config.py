@@ -67,12 +67,13 @@ def results(tmp_path_factory):
 
 
 def test_a_tensor_parallel_size_that_would_cut_quantized_blocks_is_refused(results):
-    """Q8_0 (32-value blocks) splits at TP 2; the Q4_K file's shared-expert down projection has rows of 256 values =
-    one block, which vLLM would cut in two bytewise: refused in the front end, with the sizes that work."""
+    """Q8_0 (32-value blocks) splits at TP 2; the Q4_K file's expert down projections have rows of 256 values = one
+    block, which vLLM would cut in two bytewise: refused in the front end, naming the first such tensor in the
+    file's (llama.cpp's) order, with the sizes that work."""
     assert results["tp2_q8"]["ok"], results["tp2_q8"]
     bad = results["tp2_q4k"]
     assert not bad["ok"] and bad["error"].startswith("GGUFError: glm5-shim: ")
-    assert "good.gguf: tensor blk.1.ffn_down_shexp.weight (Q4_K, 256 values a block) cannot be split for " \
+    assert "good.gguf: tensor blk.1.ffn_down_exps.weight (Q4_K, 256 values a block) cannot be split for " \
            "--tensor-parallel-size 2: each row is 1 block(s)" in bad["error"]
     assert bad["error"].endswith("this file splits cleanly at --tensor-parallel-size 1")
     assert "create_engine_config" in bad["frames"] and "\n" not in bad["error"]

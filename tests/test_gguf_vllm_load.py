@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import json
 import pathlib
-import subprocess
-import sys
 
 import gguf
 import numpy as np
 import pytest
 
 from glm5_shim.gguf.fixture import QUANT_TYPES, make_tiny, reference_dir
-from tests.helpers import REPO, child_env
+from tests.helpers import load_in_cpu_harness
 
 # Max |dequantized - reference| / max|reference| per type (see tests/gguf/test_roundtrip.py for the derivation).
 BOUND = {"F32": 0.0, "F16": 2**-11, "BF16": 2**-8, "Q8_0": 0.006, "Q6_K": 0.02, "Q5_0": 0.07, "Q4_K": 0.08,
@@ -42,24 +40,29 @@ CASES.update({
     # "quant" is the base type, whose bound covers the float weights the loader rebuilds.
     "Q4_K_M": {"preset": "Q4_K_M", "quant": "Q4_K"},
     "Q2_K": {"preset": "Q2_K", "quant": "Q2_K"},
+    # GLM-5.2: F F F S S S F (shared layers reuse the previous full layer's top-k and have no indexer weights), with
+    # glm-dsa.attention.indexer.types; without it at a 1M context (llama.cpp's rule); and with indexer weights in the
+    # shared layers anyway (as some published files have), which are ignored.
+    "glm52-Q8_0": {"quant": "Q8_0", "layers": 7, "indexer_types": "glm52"},
+    "glm52-nokey-Q4_K": {"quant": "Q4_K", "layers": 7, "indexer_types": "glm52", "indexer_types_key": False,
+                         "context_length": 1 << 20},
+    "glm52-extra-Q8_0": {"quant": "Q8_0", "layers": 7, "indexer_types": "glm52", "indexer_types_key": False,
+                         "context_length": 1 << 20, "shared_indexer_weights": True},
 })
+GLM52_CASES = [c for c in CASES if c.startswith("glm52")]
 # One fix at a time, and neither (harness switches, see tests/vllm_cpu_harness.py).
 GROUPS = {
     "shipped": ({}, list(CASES)),
     "patch-only": ({"HARNESS_FILE_ORDER": "1"}, ["Q8_0", "Q4_K", "Q6_K", "Q4_K_M"]),
     "loader-only": ({"HARNESS_STOCK_SHARD_ORDER": "1"}, ["Q8_0", "Q4_K", "Q6_K", "Q4_K_M"]),
     "neither": ({"HARNESS_FILE_ORDER": "1", "HARNESS_STOCK_SHARD_ORDER": "1"}, ["Q8_0"]),
+    "stock-indexer": ({"HARNESS_STOCK_INDEXER": "1"}, ["glm52-Q8_0"]),
 }
 
 
 def _run_group(root: pathlib.Path, env: dict, cases: list[str], paths: dict) -> dict:
     out = root / f"out-{len(list(root.glob('out-*')))}"
-    out.mkdir()
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "vllm_cpu_harness.py"), str(out),
-                           *[str(paths[c]) for c in cases]], env=child_env(env), capture_output=True, text=True,
-                          timeout=1500, cwd=str(REPO))
-    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert len(results) == len(cases), proc.stderr[-4000:]
+    results = load_in_cpu_harness(out, [paths[c] for c in cases], env)
     # the reference sits beside the name make_tiny was given (a split file's first shard has another name)
     return {case: (res, out / f"{i}.npz", root / f"tiny-{case}.gguf") for i, (case, res) in
             enumerate(zip(cases, results))}
@@ -109,7 +112,8 @@ def _shard_type(types: dict, name: str) -> str:
     return max(names, key=BOUND.get)
 
 
-@pytest.mark.parametrize("case", [(g, c) for g, (_, cases) in GROUPS.items() if g != "neither" for c in cases],
+@pytest.mark.parametrize("case", [(g, c) for g, (_, cases) in GROUPS.items() if g not in ("neither", "stock-indexer")
+                                  for c in cases],
                          ids=lambda gc: f"{gc[0]}-{gc[1]}")
 def test_every_parameter_matches_the_reference(groups, case):
     group, case = case
@@ -126,6 +130,7 @@ def check_every_parameter(result: dict, npz: pathlib.Path, gguf_path: pathlib.Pa
     params = dict(np.load(npz))
     types = result["types"]
     float_quant = quant in ("F32", "F16", "BF16")
+    shared_layers = [t == "shared" for t in config.get("indexer_types") or ["full"] * config["num_hidden_layers"]]
     checked = set()
 
     def expect(name: str, reference: np.ndarray, type_name: str) -> None:
@@ -144,19 +149,24 @@ def check_every_parameter(result: dict, npz: pathlib.Path, gguf_path: pathlib.Pa
 
     for layer in range(config["num_hidden_layers"]):
         p, h = f"model.layers.{layer}.", f"model.layers.{layer}."
+        shared = shared_layers[layer]
         for norm in ("input_layernorm", "post_attention_layernorm", "self_attn.q_a_layernorm",
-                     "self_attn.kv_a_layernorm", "self_attn.indexer.k_norm"):
+                     "self_attn.kv_a_layernorm") + (() if shared else ("self_attn.indexer.k_norm",)):
             expect(p + norm + ".weight", ref[h + norm + ".weight"], "F32")
-        expect(p + "self_attn.indexer.k_norm.bias", ref[h + "self_attn.indexer.k_norm.bias"], "F32")
+        if shared:  # reuses the previous full layer's top-k: vLLM holds no indexer weights there
+            assert not [n for n in params if n.startswith(p + "self_attn.indexer.")], (case, layer)
+        else:
+            expect(p + "self_attn.indexer.k_norm.bias", ref[h + "self_attn.indexer.k_norm.bias"], "F32")
         # kv_b_proj is rebuilt from attn_k_b/attn_v_b: the float weight vLLM absorbs into W_UK/W_UV
         # (attn_v_b keeps the requested type, attn_k_b may fall back: the looser bound of the two applies)
         expect(p + "self_attn.kv_b_proj.weight", ref[h + "self_attn.kv_b_proj.weight"],
                max(quant, KV_B_TYPE.get(quant, quant), key=BOUND.get))
         # wk and weights_proj are dequantized and fused (shard 0 = wk, shard 1 = weights_proj)
-        expect(p + "self_attn.indexer.wk_weights_proj.weight",
-               np.concatenate([ref[h + "self_attn.indexer.wk.weight"], ref[h + "self_attn.indexer.weights_proj.weight"]]),
-               quant)
-        for proj in ("self_attn.q_b_proj", "self_attn.o_proj", "self_attn.indexer.wq_b"):
+        if not shared:
+            expect(p + "self_attn.indexer.wk_weights_proj.weight",
+                   np.concatenate([ref[h + "self_attn.indexer.wk.weight"],
+                                   ref[h + "self_attn.indexer.weights_proj.weight"]]), quant)
+        for proj in ("self_attn.q_b_proj", "self_attn.o_proj") + (() if shared else ("self_attn.indexer.wq_b",)):
             expect(p + proj + (".weight" if float_quant else ".qweight"), ref[h + proj + ".weight"], quant)
         fused_q = np.concatenate([ref[h + "self_attn.q_a_proj.weight"], ref[h + "self_attn.kv_a_proj_with_mqa.weight"]])
         suffix = ".weight" if float_quant else ".qweight"
@@ -206,3 +216,38 @@ def test_without_either_fix_vllm_computes_kv_a_before_q_a(groups):
     _close(_fused(params, types, name), swapped, "Q8_0", "stock order")
     shipped, _, _ = groups["shipped"]["Q8_0"]
     assert [s[0] for s in shipped["types"][name]["shards"]] == [0, 1]
+
+
+@pytest.mark.parametrize("case", GLM52_CASES)
+def test_shared_indexer_layers_skip_topk_and_hold_nothing(loaded, case):
+    """vLLM skips top-k exactly in GLM-5.2's shared layers, which hold no indexer weights and no indexer K cache (no
+    KV memory), and read the one top-k buffer the full layers write."""
+    result, _, gguf_path = loaded[case]
+    config = json.loads((reference_dir(gguf_path) / "config.json").read_text())
+    shared = [t == "shared" for t in config["indexer_types"]]
+    assert shared == [False, False, False, True, True, True, False]
+    layout = result["indexer_layout"]
+    assert layout["index_topk_pattern"] == "FFFSSSF"
+    layers = layout["layers"]
+    assert [layer["skip_topk"] for layer in layers] == shared
+    assert [layer["indexer"] for layer in layers] == ["SharedTopkIndexer" if s else "Indexer" for s in shared]
+    assert [layer["indexer_params"] == 0 for layer in layers] == shared
+    assert all(layer["shares_buffer"] for layer in layers)
+    assert layout["indexer_k_caches"] == sorted(f"model.layers.{i}.self_attn.indexer.k_cache"
+                                                for i, s in enumerate(shared) if not s)
+
+
+def test_glm5_layers_all_run_their_indexer(loaded):
+    layout = loaded["Q8_0"][0]["indexer_layout"]
+    assert layout["index_topk_pattern"] is None
+    assert [layer["skip_topk"] for layer in layout["layers"]] == [False] * 3
+    assert all(layer["indexer"] == "Indexer" and layer["indexer_params"] > 0 for layer in layout["layers"])
+    assert len(layout["indexer_k_caches"]) == 3
+
+
+def test_without_the_shared_indexer_patch_shared_layers_are_left_uninitialised(groups):
+    """The premise: stock vLLM 0.23 builds an Indexer in every layer; a GLM-5.2 file has no weights for the shared
+    ones, and the shim's loader refuses to leave them uninitialised."""
+    result, _, _ = groups["stock-indexer"]["glm52-Q8_0"]
+    assert not result["ok"]
+    assert "model.layers.3.self_attn.indexer" in result["error"], result["error"]

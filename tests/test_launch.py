@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, write_other_architecture_gguf
 
 LAUNCH = REPO / "launch.sh"
 ONE_GPU = 'echo "GPU 0: NVIDIA H200 (UUID: GPU-00000000-0000-0000-0000-000000000000)"'
@@ -95,17 +95,7 @@ def truncated_gguf(tiny_gguf, tmp_path_factory) -> pathlib.Path:
 
 @pytest.fixture(scope="module")
 def other_arch_gguf(tmp_path_factory) -> pathlib.Path:
-    import gguf
-    import numpy as np
-
-    path = tmp_path_factory.mktemp("launch") / "qwen.gguf"
-    writer = gguf.GGUFWriter(path, "qwen2")
-    writer.add_tensor("output_norm.weight", np.ones(64, dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    return write_other_architecture_gguf(tmp_path_factory.mktemp("launch") / "qwen.gguf")
 
 
 def test_sourced_sets_only_pythonpath_once():

@@ -87,7 +87,8 @@ def configs(cases: list[dict]) -> None:
 
 def _apply_test_switches() -> None:
     """HARNESS_FILE_ORDER=1: the shim's loader yields tensors in file order (without LoadPlan.stream_order's
-    regrouping); HARNESS_STOCK_SHARD_ORDER=1: the gguf-shard-order patch is undone (vLLM's own arrival order).
+    regrouping); HARNESS_STOCK_SHARD_ORDER=1: the gguf-shard-order patch is undone (vLLM's own arrival order);
+    HARNESS_STOCK_INDEXER=1: the shared-indexer patch is undone (vLLM builds an Indexer in every layer).
     Together they show what vLLM does with a llama.cpp file without either fix."""
     import os
 
@@ -97,11 +98,36 @@ def _apply_test_switches() -> None:
         LoadPlan.stream_order = lambda self: list(self.tensors)
     if os.environ.get("HARNESS_STOCK_SHARD_ORDER") == "1":
         import vllm.model_executor.layers.quantization.gguf  # noqa: F401  (triggers the patch)
-        from glm5_shim.registry import APPLIED, REGISTRY
+        _undo("gguf-shard-order")
+    if os.environ.get("HARNESS_STOCK_INDEXER") == "1":
+        import vllm.model_executor.models.deepseek_v2  # noqa: F401
+        _undo("shared-indexer")
 
-        patch = REGISTRY.get("gguf-shard-order")
-        assert patch.state == APPLIED, patch.as_dict()
-        patch.undo()
+
+def _undo(name: str) -> None:
+    from glm5_shim.registry import APPLIED, REGISTRY
+
+    patch = REGISTRY.get(name)
+    assert patch.state == APPLIED, patch.as_dict()
+    patch.undo()
+
+
+def _indexer_layout(model, cfg) -> dict:
+    """Per decoder layer: does vLLM skip its top-k, what indexer module it has and how many parameters that holds;
+    and which indexer K caches were registered (each one gets KV-cache memory)."""
+    layers = []
+    for module in model.modules():
+        if type(module).__name__ == "DeepseekV2MLAAttention":
+            indexer = module.indexer
+            layers.append({"prefix": getattr(module.mla_attn, "prefix", ""),
+                           "skip_topk": bool(module.mla_attn.skip_topk),
+                           "indexer": type(indexer).__name__,
+                           "indexer_params": sum(p.numel() for p in indexer.parameters()),
+                           "shares_buffer": indexer.topk_indices_buffer is model.model.layers[0].self_attn.indexer
+                           .topk_indices_buffer})
+    caches = sorted(k for k in cfg.compilation_config.static_forward_context if k.endswith("indexer.k_cache"))
+    return {"layers": layers, "indexer_k_caches": caches,
+            "index_topk_pattern": getattr(cfg.model_config.hf_config, "index_topk_pattern", None)}
 
 
 def main(argv: list[str]) -> int:
@@ -135,6 +161,7 @@ def main(argv: list[str]) -> int:
                     initialized = True
                 model = get_model_loader(cfg.load_config).load_model(vllm_config=cfg, model_config=cfg.model_config)
             result["types"] = _dump(model, f"{out_dir}/{i}.npz")
+            result["indexer_layout"] = _indexer_layout(model, cfg)
             result["ok"] = True
         except Exception as exc:
             result["ok"] = False

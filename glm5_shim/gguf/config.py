@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,72 @@ ARCHITECTURES = ["GlmMoeDsaForCausalLM"]
 
 # llama.cpp's expert_gating_func enum.
 _GATING_FUNCS = {1: "softmax", 2: "sigmoid"}
+
+# GLM-5.2 runs the DSA indexer only in "full" layers; a "shared" layer reuses the previous full layer's top-k and has
+# no indexer weights.  llama.cpp's converter writes one bool per trunk layer (true = full) under this key.
+INDEXER_TYPES_KEY = "attention.indexer.types"
+# Without the key llama.cpp (src/models/glm-dsa.cpp) takes a context of 2**20 tokens or more to mean GLM-5.2's layout,
+# anything shorter all full (GLM-5, 5.1).
+GLM52_CONTEXT = 1 << 20
+
+
+def glm52_layer_is_full(layer: int) -> bool:
+    """GLM-5.2's layout: layers 0 and 1 full, then groups of four from layer 2: full, shared, shared, shared."""
+    return layer < 2 or (layer - 2) % 4 == 0
+
+
+@dataclass(frozen=True)
+class IndexerLayout:
+    """Which trunk layers run their own DSA indexer (the MTP block always does), and how that was decided."""
+    full: tuple[bool, ...]
+    source: str
+
+    @property
+    def pattern(self) -> str:
+        """vLLM's IndexCache pattern (config.index_topk_pattern): F = full, S = shared (skips its top-k)."""
+        return "".join("F" if f else "S" for f in self.full)
+
+    @property
+    def shared_layers(self) -> list[int]:
+        return [i for i, f in enumerate(self.full) if not f]
+
+    def describe(self) -> str:
+        n_full = sum(self.full)
+        if n_full == len(self.full):
+            return f"all {n_full} layers full ({self.source})"
+        return (f"{' '.join(self.pattern)} ({n_full} full, {len(self.full) - n_full} shared reuse the previous full "
+                f"layer's top-k; {self.source})")
+
+
+def indexer_layout(model: GGUFModel, num_hidden_layers: int | None = None) -> IndexerLayout:
+    """The file's indexer layout: its glm-dsa.attention.indexer.types key, or llama.cpp's rule without it."""
+    md = _Metadata(model)
+    if num_hidden_layers is None:
+        num_hidden_layers = md.int("block_count", minimum=1) - md.int("nextn_predict_layers", 0)
+    key = md.key(INDEXER_TYPES_KEY)
+    if key in model.metadata:
+        value = model.metadata[key]
+        if isinstance(value, (bool, int)):  # llama.cpp also takes one value for every layer
+            value = [value] * num_hidden_layers
+        if not isinstance(value, list) or not all(isinstance(v, (bool, int)) and v in (0, 1) for v in value):
+            raise md._fail(key, "an array of bools (true = full indexer, false = shared)", value)
+        if len(value) != num_hidden_layers:
+            raise md._fail(key, f"{num_hidden_layers} entries (one per trunk layer: block_count - "
+                                f"nextn_predict_layers)", f"{len(value)} entries")
+        full = tuple(bool(v) for v in value)
+        source = f"from {key}"
+    else:
+        context = md.int("context_length", 0)
+        if context >= GLM52_CONTEXT:
+            full = tuple(glm52_layer_is_full(i) for i in range(num_hidden_layers))
+            source = (f"{key} absent, context_length {context} >= {GLM52_CONTEXT}: GLM-5.2's layout, "
+                      f"as llama.cpp assumes")
+        else:
+            full = (True,) * num_hidden_layers
+            source = f"{key} absent, context_length {context} < {GLM52_CONTEXT}: all full, as llama.cpp assumes"
+    if full and not full[0]:
+        raise md._fail(key, "layer 0 full (a shared layer reuses an earlier full layer's top-k)", "layer 0 shared")
+    return IndexerLayout(full, source)
 
 
 def _float32_value(value: float) -> float:
@@ -161,6 +228,11 @@ def build_hf_config(model: GGUFModel, *, check_shapes: bool = True) -> dict[str,
         raise GGUFError(f"{model.path}: metadata key {md.key('expert_used_count')} is "
                         f"{config['num_experts_per_tok']}, expected at most {md.key('expert_count')} "
                         f"({config['n_routed_experts']})")
+    layout = indexer_layout(model, num_hidden_layers)
+    if not all(layout.full):
+        # transformers' GlmMoeDsaConfig reads indexer_types; vLLM 0.23's deepseek_v2 reads index_topk_pattern.
+        config["indexer_types"] = ["full" if f else "shared" for f in layout.full]
+        config["index_topk_pattern"] = layout.pattern
     config.update(_special_token_ids(model))
     if check_shapes:
         problems = config_shape_problems(model, config)
@@ -188,6 +260,16 @@ def _special_token_ids(model: GGUFModel) -> dict[str, Any]:
     if "tokenizer.ggml.padding_token_id" in meta:
         out["pad_token_id"] = meta["tokenizer.ggml.padding_token_id"]
     return out
+
+
+def _trunk_without_mtp_block(model: GGUFModel, config: dict[str, Any]) -> bool:
+    """nextn_predict_layers > 0, the trunk's last block present and no tensor of the MTP block: what llama.cpp loads
+    as a "trunk-only" file (MTP tensors optional when blk.{n_layer}.nextn.eh_proj.weight is absent)."""
+    n_layers, n_mtp = config["num_hidden_layers"], config["num_nextn_predict_layers"]
+    if n_mtp <= 0 or f"blk.{n_layers - 1}.attn_norm.weight" not in model.tensors:
+        return False
+    prefixes = tuple(f"blk.{layer}." for layer in range(n_layers, n_layers + n_mtp))
+    return not any(name.startswith(prefixes) for name in model.tensors)
 
 
 def config_shape_problems(model: GGUFModel, config: dict[str, Any]) -> list[str]:
@@ -248,7 +330,7 @@ def config_shape_problems(model: GGUFModel, config: dict[str, Any]) -> list[str]
     n_blocks = c["num_hidden_layers"] + c["num_nextn_predict_layers"]
     last = f"blk.{n_blocks - 1}.attn_norm.weight"
     beyond = f"blk.{n_blocks}.attn_norm.weight"
-    if model.tensors and last not in model.tensors:
+    if model.tensors and last not in model.tensors and not _trunk_without_mtp_block(model, c):
         problems.append(f"{path}: metadata {arch}.block_count = {n_blocks} contradicts the tensors: {last} is missing")
     if beyond in model.tensors:
         problems.append(f"{path}: metadata {arch}.block_count = {n_blocks} contradicts tensor {beyond}, "

@@ -25,9 +25,10 @@ import numpy as np
 
 from ._tiny_corpus import TINY_CORPUS
 from .kquants import quantize_q2_k, quantize_q3_k, quantize_q4_k, quantize_q5_k, quantize_q6_k
+from .config import INDEXER_TYPES_KEY, glm52_layer_is_full
 from .kv_b import rebuild_kv_b, split_kv_b
 from .llama_tools import CONVERTER_OUTTYPES, PRESET_FILE_TYPES, QUANTIZE_PRESETS, converter_keeps_f32, \
-    converter_order, converter_type, fit_to_row, quantize_order, quantize_types
+    converter_order, converter_type, fit_to_row, layer_of, quantize_order, quantize_types
 
 ARCH = "glm-dsa"
 # quant: what every quantizable tensor becomes.  F32/F16/BF16/Q8_0 are convert_hf_to_gguf.py's --outtype (its
@@ -38,6 +39,12 @@ QUANT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q6_K")
 # Tensor orders: what the real tools write ("converter": convert_hf_to_gguf.py, "quantize": llama-quantize), or the
 # generator's historical order ("legacy": attn_q_a first, one block's tensors in the HF model's module order).
 ORDERS = ("auto", "converter", "quantize", "legacy")
+# The two files llama.cpp's converter writes when the trunk and the MTP draft head are published apart (split_mtp):
+# "trunk" is `convert_hf_to_gguf.py --no-mtp` (block_count = num_hidden_layers, no nextn_predict_layers key, no MTP
+# block), "mtp" is `--mtp` (the metadata of the whole model, but only token_embd, output_norm, output and the MTP
+# block's tensors).  "stripped" is neither: the whole model's metadata (nextn_predict_layers > 0) without the MTP
+# block's tensors, the file llama.cpp's loader calls "trunk-only" (no blk.{n_layer}.nextn.eh_proj.weight).
+SPLIT_MTP = ("trunk", "mtp", "stripped")
 
 FILE_TYPES = {
     "F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16,
@@ -107,10 +114,14 @@ def tiny_tokenizer(pre: str = "glm4") -> TinyTokenizer:
 
 def tiny_hf_config(*, layers: int, heads: int, index_heads: int, index_topk: int, mtp: bool,
                    tokenizer: TinyTokenizer, tie_embeddings: bool = False, intermediate: int = 512,
-                   moe_intermediate: int = 256) -> dict[str, Any]:
-    """The HF glm_moe_dsa config.json of a tiny model (what build_hf_config must reproduce)."""
+                   moe_intermediate: int = 256, indexer_types: str | None = None,
+                   context_length: int = 8192) -> dict[str, Any]:
+    """The HF glm_moe_dsa config.json of a tiny model (what build_hf_config must reproduce).
+
+    indexer_types: one letter per trunk layer, F (own DSA indexer) or S (shares the previous full layer's top-k,
+    no indexer weights), as GLM-5.2's config lists them; None: every layer full (GLM-5, 5.1)."""
     ids = tokenizer.special_ids
-    return {
+    config = {
         "architectures": ["GlmMoeDsaForCausalLM"],
         "model_type": "glm_moe_dsa",
         "dtype": "bfloat16",
@@ -163,6 +174,18 @@ def tiny_hf_config(*, layers: int, heads: int, index_heads: int, index_topk: int
         "eos_token_id": [ids["<|endoftext|>"], ids["<|user|>"], ids["<|observation|>"]],
         "pad_token_id": ids["<|endoftext|>"],
     }
+    config["max_position_embeddings"] = context_length
+    if indexer_types is not None:
+        if len(indexer_types) != layers or set(indexer_types) - {"F", "S"} or indexer_types[:1] != "F":
+            raise ValueError(f"indexer_types {indexer_types!r}: expected {layers} letters F/S, the first F")
+        config["indexer_types"] = ["full" if t == "F" else "shared" for t in indexer_types]
+    return config
+
+
+def shares_topk(config: dict[str, Any], layer: int) -> bool:
+    """A trunk layer that reuses the previous full layer's top-k (and has no indexer weights)."""
+    types = config.get("indexer_types")
+    return bool(types) and layer < len(types) and types[layer] == "shared"
 
 
 def hf_weight_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
@@ -186,12 +209,15 @@ def hf_weight_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
             p + "self_attn.kv_a_layernorm.weight": (c["kv_lora_rank"],),
             p + "self_attn.kv_b_proj.weight": (heads * (nope + v_dim), c["kv_lora_rank"]),
             p + "self_attn.o_proj.weight": (hidden, heads * v_dim),
-            p + "self_attn.indexer.wq_b.weight": (c["index_n_heads"] * c["index_head_dim"], c["q_lora_rank"]),
-            p + "self_attn.indexer.wk.weight": (c["index_head_dim"], hidden),
-            p + "self_attn.indexer.k_norm.weight": (c["index_head_dim"],),
-            p + "self_attn.indexer.k_norm.bias": (c["index_head_dim"],),
-            p + "self_attn.indexer.weights_proj.weight": (c["index_n_heads"], hidden),
         })
+        if not shares_topk(c, layer) or c.get("_shared_indexer_weights"):
+            shapes.update({
+                p + "self_attn.indexer.wq_b.weight": (c["index_n_heads"] * c["index_head_dim"], c["q_lora_rank"]),
+                p + "self_attn.indexer.wk.weight": (c["index_head_dim"], hidden),
+                p + "self_attn.indexer.k_norm.weight": (c["index_head_dim"],),
+                p + "self_attn.indexer.k_norm.bias": (c["index_head_dim"],),
+                p + "self_attn.indexer.weights_proj.weight": (c["index_n_heads"], hidden),
+            })
         if layer < c["first_k_dense_replace"]:
             for proj in ("gate_proj", "up_proj"):
                 shapes[p + f"mlp.{proj}.weight"] = (c["intermediate_size"], hidden)
@@ -388,6 +414,8 @@ def glm_dsa_metadata(config: dict[str, Any], tokenizer: TinyTokenizer, file_type
         a + "attention.indexer.head_count": (c["index_n_heads"], V.UINT32),
         a + "attention.indexer.key_length": (c["index_head_dim"], V.UINT32),
         a + "attention.indexer.top_k": (c["index_topk"], V.UINT32),
+        **({a + INDEXER_TYPES_KEY: ([t == "full" for t in c["indexer_types"]], V.ARRAY)}
+           if c.get("indexer_types") else {}),
         "general.quantization_version": (gguf.GGML_QUANT_VERSION, V.UINT32),
         "tokenizer.ggml.model": ("gpt2", V.STRING),
         "tokenizer.ggml.pre": (pre, V.STRING),
@@ -442,7 +470,9 @@ def make_tiny(out_path: str | Path, quant: str = "Q8_0", layers: int = 3, shards
               tie_embeddings: bool = False, tokenizer_pre: str = "glm4",
               write_reference: bool = True, residual_scale: float = 1.0, bigram_gain: float = 0.0,
               reference: str = "float", intermediate: int = 512, moe_intermediate: int = 256,
-              preset: str | None = None, order: str = "auto") -> list[Path]:
+              preset: str | None = None, order: str = "auto", indexer_types: str | None = None,
+              context_length: int = 8192, indexer_types_key: bool = True,
+              shared_indexer_weights: bool = False, split_mtp: str | None = None) -> list[Path]:
     """Write a tiny random glm-dsa GGUF (or `shards` files) and its reference directory; return the GGUF paths.
 
     quant: one of QUANT_TYPES.  F32/F16/BF16/Q8_0: the file convert_hf_to_gguf.py writes with that --outtype (norms,
@@ -465,6 +495,17 @@ def make_tiny(out_path: str | Path, quant: str = "Q8_0", layers: int = 3, shards
     reference: "float" writes the float weights the GGUF was made from; "dequantized" writes what the GGUF
       stores, decoded back to float32 under HF names, so a float32 reference model differs from an engine
       running the GGUF only by arithmetic, not by quantization error.
+    indexer_types: GLM-5.2's shared indexers, one letter per trunk layer (F full, S shared), or "glm52" for
+      GLM-5.2's own layout (F F F S S S F S S S ...); shared layers have no indexer weights, and the file carries
+      glm-dsa.attention.indexer.types as the converter writes it (indexer_types_key=False leaves the key out, as
+      files converted before the key existed do).  shared_indexer_weights: shared layers keep indexer weights
+      anyway (some published GLM-5.2 GGUFs do).
+    context_length: glm-dsa.context_length (max_position_embeddings); GLM-5.2 has 1048576.
+    split_mtp: one of SPLIT_MTP, or None for the whole model.  "trunk": the file `convert_hf_to_gguf.py --no-mtp`
+      writes (no MTP block, block_count = layers, no nextn_predict_layers key); "mtp": the file `--mtp` writes
+      (token_embd, output_norm, output and the MTP block blk.{layers} only, the whole model's metadata; needs
+      mtp=True); "stripped": the whole model's metadata without the MTP block's tensors.  The reference directory
+      is the whole HF checkpoint either way (the converter makes both split files from it).
     """
     if reference not in ("float", "dequantized"):
         raise ValueError(f"reference {reference!r}: expected 'float' or 'dequantized'")
@@ -478,20 +519,27 @@ def make_tiny(out_path: str | Path, quant: str = "Q8_0", layers: int = 3, shards
         raise ValueError(f"layers={layers}: expected at least 2 (one dense block, one MoE block)")
     if shards < 1:
         raise ValueError(f"shards={shards}: expected at least 1")
+    if split_mtp is not None and split_mtp not in SPLIT_MTP:
+        raise ValueError(f"split_mtp {split_mtp!r}: expected one of {', '.join(SPLIT_MTP)}")
+    if split_mtp in ("mtp", "stripped") and not mtp:
+        raise ValueError(f"split_mtp={split_mtp!r} needs the MTP block (mtp=True)")
     out_path = Path(out_path)
     if out_path.suffix != ".gguf":
         raise ValueError(f"{out_path}: expected a path ending in .gguf")
     out_path.parent.mkdir(parents=True, exist_ok=True)
 
     tokenizer = tiny_tokenizer(tokenizer_pre)
+    if indexer_types == "glm52":
+        indexer_types = "".join("F" if glm52_layer_is_full(i) else "S" for i in range(layers))
     config = tiny_hf_config(layers=layers, heads=heads, index_heads=index_heads, index_topk=index_topk, mtp=mtp,
                             tokenizer=tokenizer, tie_embeddings=tie_embeddings, intermediate=intermediate,
-                            moe_intermediate=moe_intermediate)
+                            moe_intermediate=moe_intermediate, indexer_types=indexer_types,
+                            context_length=context_length)
     from .tokenizer import TOKEN_NORMAL
 
     ordinary = [i for i, kind in enumerate(tokenizer.token_types) if kind == TOKEN_NORMAL]
-    weights = random_hf_weights(config, seed, residual_scale=residual_scale, bigram_gain=bigram_gain,
-                                bigram_tokens=ordinary)
+    weights = random_hf_weights(dict(config, _shared_indexer_weights=shared_indexer_weights), seed,
+                                residual_scale=residual_scale, bigram_gain=bigram_gain, bigram_tokens=ordinary)
     tensors = hf_to_gguf_tensors(weights, config)
     if order == "auto":
         order = "quantize" if preset is not None else "converter"
@@ -500,9 +548,14 @@ def make_tiny(out_path: str | Path, quant: str = "Q8_0", layers: int = 3, shards
         tensors = {name: tensors[name] for name in names}
     elif order == "quantize":
         tensors = {name: tensors[name] for name in quantize_order(tensors)}
+    if split_mtp is not None:
+        tensors = {name: array for name, array in tensors.items()
+                   if _kept_by_split_mtp(name, config["num_hidden_layers"], split_mtp)}
     tensors.update(extra_tensors or {})
     if preset is not None:
-        types = preset_types(tensors, config, preset)
+        # llama-quantize counts the layers the file declares (block_count): the trunk file has no MTP block.
+        types = preset_types(tensors, dict(config, num_nextn_predict_layers=0) if split_mtp == "trunk" else config,
+                             preset)
         # llama-quantize reads the converter's BF16 file: its float tensors are bf16-rounded first.
         tensors = {n: a if converter_keeps_f32(n, a.ndim) else _round_bf16(a) for n, a in tensors.items()}
     else:
@@ -510,6 +563,11 @@ def make_tiny(out_path: str | Path, quant: str = "Q8_0", layers: int = 3, shards
     types.update(overrides or {})
 
     metadata = glm_dsa_metadata(config, tokenizer, file_type_of(quant, preset), tokenizer_pre)
+    if not indexer_types_key:
+        metadata.pop(ARCH + "." + INDEXER_TYPES_KEY, None)
+    if split_mtp == "trunk":  # the converter's --no-mtp: as if the checkpoint had no MTP block and no nextn key
+        metadata[ARCH + ".block_count"] = (config["num_hidden_layers"], gguf.GGUFValueType.UINT32)
+        metadata.pop(ARCH + ".nextn_predict_layers", None)
     for key, value in (metadata_overrides or {}).items():
         if value is None:
             metadata.pop(key, None)
@@ -551,6 +609,15 @@ def make_tiny(out_path: str | Path, quant: str = "Q8_0", layers: int = 3, shards
             weights = gguf_to_hf_weights({name: decode_tensor(data, raw) for name, data, raw in encoded}, config)
         _write_reference(reference_dir(out_path), weights, config, tokenizer)
     return [Path(p) for p in paths]
+
+
+def _kept_by_split_mtp(gguf_name: str, num_hidden_layers: int, split_mtp: str) -> bool:
+    """Whether a tensor of the whole model is in the split_mtp file (SPLIT_MTP)."""
+    layer = layer_of(gguf_name)
+    is_mtp = layer is not None and layer >= num_hidden_layers
+    if split_mtp == "mtp":  # the converter's --mtp keeps the MTP block and the embeddings, final norm and head
+        return is_mtp or gguf_name in ("token_embd.weight", "output_norm.weight", "output.weight")
+    return not is_mtp
 
 
 def _gguf_names_of(hf_name: str, tensors: dict[str, np.ndarray]) -> list[str]:
@@ -676,6 +743,19 @@ def add_make_tiny_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
     parser.add_argument("--index-heads", type=int, default=32, help="DSA indexer heads")
     parser.add_argument("--index-topk", type=int, default=128, help="DSA indexer top-k")
     parser.add_argument("--no-mtp", action="store_true", help="leave out the MTP (nextn) layer")
+    parser.add_argument("--indexer-types", metavar="PATTERN",
+                        help="GLM-5.2's shared indexers: one letter per layer, F (own indexer) or S (reuses the "
+                             "previous full layer's top-k, no indexer weights), or glm52 for GLM-5.2's layout")
+    parser.add_argument("--no-indexer-types-key", action="store_true",
+                        help="leave glm-dsa.attention.indexer.types out (llama.cpp then decides from the context)")
+    parser.add_argument("--shared-indexer-weights", action="store_true",
+                        help="shared layers keep indexer weights (as some published GLM-5.2 GGUFs do)")
+    parser.add_argument("--context-length", type=int, default=8192,
+                        help="glm-dsa.context_length (GLM-5.2: 1048576)")
+    parser.add_argument("--split-mtp", choices=SPLIT_MTP,
+                        help="one of the files llama.cpp's converter writes when trunk and MTP draft are published "
+                             "apart: trunk (convert_hf_to_gguf.py --no-mtp) or mtp (--mtp: only the MTP block and "
+                             "the embeddings); stripped: the whole model's metadata without the MTP tensors")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the weights")
     parser.add_argument("--intermediate", type=int, default=512, help="dense FFN width")
     parser.add_argument("--moe-intermediate", type=int, default=256,
@@ -692,8 +772,10 @@ def run_make_tiny(args: argparse.Namespace) -> int:
     paths = make_tiny(args.out, quant=args.quant, layers=args.layers, shards=args.shards, mtp=not args.no_mtp,
                       heads=args.heads, index_heads=args.index_heads, index_topk=args.index_topk, seed=args.seed,
                       reference=args.reference, intermediate=args.intermediate, moe_intermediate=args.moe_intermediate,
-                      preset=args.preset, order=args.order,
-                      **(PEAKED if args.peaked else {}))
+                      preset=args.preset, order=args.order, indexer_types=args.indexer_types,
+                      indexer_types_key=not args.no_indexer_types_key,
+                      shared_indexer_weights=args.shared_indexer_weights, context_length=args.context_length,
+                      split_mtp=args.split_mtp, **(PEAKED if args.peaked else {}))
     for path in paths:
         print(path)
     print(reference_dir(args.out))

@@ -11,17 +11,19 @@ One place holds the policy, so the validator, `inspect` and the vLLM loader agre
               experts; gate/up of different types: vLLM keeps one type for both) → Q8_0, the gguf package's
               near-lossless quantizer
   kv_b        attn_k_b / attn_v_b (or a legacy attn_kv_b): rebuilt into one float kv_b_proj weight
-  skip        the multi-token-prediction block (not used yet) and tensors GLM-5 does not use
+  skip        the multi-token-prediction block (not used yet), indexer weights of a layer that shares the previous
+              full layer's top-k (GLM-5.2: vLLM builds no indexer there), and tensors GLM-5 does not use
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .config import indexer_layout
 from .dequant import VLLM_DEQUANT_TYPES, can_dequantize, is_float_type
 from .errors import GGUFError
 from .reader import GGUFModel, TensorInfo
-from .tensor_map import ROLE_EXPERTS, ROLE_FORCE_FLOAT, ROLE_MTP, ROLE_REBUILD_KV_B, TensorMap, TensorSpec, \
-    build_tensor_map, known_unused_tensor
+from .tensor_map import ROLE_EXPERTS, ROLE_FORCE_FLOAT, ROLE_MTP, ROLE_REBUILD_KV_B, ROLE_SHARED_INDEXER, TensorMap, \
+    TensorSpec, build_tensor_map, known_unused_tensor
 
 KEEP, FLOAT, DEQUANTIZE, REQUANTIZE, KV_B, SKIP = "keep", "float", "dequantize", "requantize", "kv_b", "skip"
 REQUANTIZE_TYPE = "Q8_0"
@@ -109,12 +111,17 @@ def plan_load(model: GGUFModel, config: dict) -> LoadPlan:
     _homogenize_fused_groups(plan)
     _match_gate_up_experts(plan)
     _check_kv_b_complete(plan)
-    mtp = plan.by_action(SKIP)
-    mtp_count = sum(1 for t in mtp if t.spec is not None and t.spec.role == ROLE_MTP)
+    plan.notes.append("DSA indexer: " + indexer_layout(model, config["num_hidden_layers"]).describe())
+    skipped = plan.by_action(SKIP)
+    mtp_count = sum(1 for t in skipped if t.spec is not None and t.spec.role == ROLE_MTP)
     if mtp_count:
         layer = config["num_hidden_layers"]
         plan.notes.append(f"skipping {mtp_count} tensors of the multi-token-prediction block blk.{layer} "
                           "(MTP speculative decoding is not supported yet)")
+    unused = sorted({t.spec.layer for t in skipped if t.spec is not None and t.spec.role == ROLE_SHARED_INDEXER})
+    if unused:
+        plan.notes.append(f"ignoring the indexer tensors of {len(unused)} shared-indexer layer(s) "
+                          f"({', '.join(map(str, unused))}): they reuse the previous full layer's top-k")
     return plan
 
 
@@ -123,6 +130,8 @@ def _plan_one(info: TensorInfo, spec: TensorSpec, where: str) -> PlannedTensor:
     loc = f"{info.path}: tensor {info.name}"
     if spec.role == ROLE_MTP:
         return PlannedTensor(info, spec, SKIP, spec.hf_name, "MTP block")
+    if spec.role == ROLE_SHARED_INDEXER:
+        return PlannedTensor(info, spec, SKIP, spec.hf_name, "shared-indexer layer: reuses the previous full layer's top-k")
     if tuple(info.shape) != tuple(spec.shape):
         raise GGUFError(f"{loc}: shape {list(info.shape)}, expected {list(spec.shape)} from the metadata")
     if spec.role == ROLE_REBUILD_KV_B:

@@ -8,6 +8,8 @@ and a role telling the loader how to treat it:
   force-float    vLLM builds these modules without quant_config: dequantize to float
   experts        3-D stacked routed experts, fed to vLLM as "expert 0" with the whole tensor
   mtp            belongs to the multi-token-prediction block (blk.{num_hidden_layers}); skipped for now
+  shared-indexer an indexer tensor of a layer that reuses the previous full layer's top-k (GLM-5.2's "shared"
+                 layers, config indexer_types): not expected, ignored when present
 
 No dummy HF model is built: the table is written out from the llama.cpp converter layout.
 """
@@ -23,8 +25,9 @@ ROLE_REBUILD_KV_B = "rebuild-kv_b"
 ROLE_FORCE_FLOAT = "force-float"
 ROLE_EXPERTS = "experts"
 ROLE_MTP = "mtp"
+ROLE_SHARED_INDEXER = "shared-indexer"
 _ROT_EMBD_RE = re.compile(r"blk\.\d+\.attn_rot_embd(\.weight)?")
-ROLES = (ROLE_NORMAL, ROLE_REBUILD_KV_B, ROLE_FORCE_FLOAT, ROLE_EXPERTS, ROLE_MTP)
+ROLES = (ROLE_NORMAL, ROLE_REBUILD_KV_B, ROLE_FORCE_FLOAT, ROLE_EXPERTS, ROLE_MTP, ROLE_SHARED_INDEXER)
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,7 @@ def build_tensor_map(config: dict[str, Any], *, include_mtp: bool = True) -> Ten
     shared_inter = moe_inter * c["n_shared_experts"]
     n_layers = c["num_hidden_layers"]
     n_mtp = c.get("num_nextn_predict_layers", 0) if include_mtp else 0
+    indexer_types = c.get("indexer_types") or ["full"] * n_layers
 
     specs: list[TensorSpec] = [
         TensorSpec("token_embd.weight", "model.embed_tokens.weight", (vocab, hidden), ROLE_NORMAL),
@@ -170,12 +174,22 @@ def build_tensor_map(config: dict[str, Any], *, include_mtp: bool = True) -> Ten
         add("attn_kv_b.weight", "self_attn.kv_b_proj.weight", (heads * (nope + v_dim), kv_lora), ROLE_REBUILD_KV_B,
             required=False)
         add("attn_output.weight", "self_attn.o_proj.weight", (hidden, heads * v_dim))
-        add("indexer.attn_q_b.weight", "self_attn.indexer.wq_b.weight", (index_heads * index_dim, q_lora))
-        # vLLM fuses wk + weights_proj into an unquantized module (quant_config=None).
-        add("indexer.attn_k.weight", "self_attn.indexer.wk.weight", (index_dim, hidden), ROLE_FORCE_FLOAT)
-        add("indexer.proj.weight", "self_attn.indexer.weights_proj.weight", (index_heads, hidden), ROLE_FORCE_FLOAT)
-        add("indexer.k_norm.weight", "self_attn.indexer.k_norm.weight", (index_dim,), float_only=True)
-        add("indexer.k_norm.bias", "self_attn.indexer.k_norm.bias", (index_dim,), float_only=True)
+        if not is_mtp and indexer_types[layer] == "shared":
+            for suffix, hf_suffix, shape in (
+                    ("attn_q_b.weight", "wq_b.weight", (index_heads * index_dim, q_lora)),
+                    ("attn_k.weight", "wk.weight", (index_dim, hidden)),
+                    ("proj.weight", "weights_proj.weight", (index_heads, hidden)),
+                    ("k_norm.weight", "k_norm.weight", (index_dim,)),
+                    ("k_norm.bias", "k_norm.bias", (index_dim,))):
+                add("indexer." + suffix, "self_attn.indexer." + hf_suffix, shape, ROLE_SHARED_INDEXER, required=False)
+        else:
+            add("indexer.attn_q_b.weight", "self_attn.indexer.wq_b.weight", (index_heads * index_dim, q_lora))
+            # vLLM fuses wk + weights_proj into an unquantized module (quant_config=None).
+            add("indexer.attn_k.weight", "self_attn.indexer.wk.weight", (index_dim, hidden), ROLE_FORCE_FLOAT)
+            add("indexer.proj.weight", "self_attn.indexer.weights_proj.weight", (index_heads, hidden),
+                ROLE_FORCE_FLOAT)
+            add("indexer.k_norm.weight", "self_attn.indexer.k_norm.weight", (index_dim,), float_only=True)
+            add("indexer.k_norm.bias", "self_attn.indexer.k_norm.bias", (index_dim,), float_only=True)
         if is_moe:
             add("ffn_gate_inp.weight", "mlp.gate.weight", (experts, hidden), float_only=True)
             add("exp_probs_b.bias", "mlp.gate.e_score_correction_bias", (experts,), float_only=True)

@@ -3,9 +3,11 @@
 `validate(path)` returns every problem found; `check(path)` raises GGUFError with the first error.
 
 Levels:
-  error    the file is malformed, is not GLM-5, or holds something vLLM 0.23 cannot run
+  error    the file is malformed, is not GLM-5, or holds something vLLM 0.23 cannot run (an MTP-only file, llama.cpp's
+           `convert_hf_to_gguf.py --mtp`, is one error line saying so)
   warning  the loader has to work around it (or it is harmless): mixed fused groups, differing gate/up
-           expert types, float routed experts, problems confined to the skipped MTP block, stray tensors
+           expert types, float routed experts, problems confined to the skipped MTP block (one line when the
+           metadata declares it but none of its tensors is there), stray tensors
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ from pathlib import Path
 
 import gguf
 
-from .config import build_hf_config, config_shape_problems
+from .config import build_hf_config, config_shape_problems, indexer_layout
 from .dequant import VLLM_DEQUANT_TYPES, VLLM_RUNNABLE_TYPES, can_dequantize, is_float_type
 from .errors import GGUFError
 from .reader import GLM_DSA_ARCH, GGUFModel, open_gguf
-from .tensor_map import ROLE_EXPERTS, TensorMap, build_tensor_map, known_unused_tensor
+from .llama_tools import layer_of
+from .tensor_map import ROLE_EXPERTS, ROLE_SHARED_INDEXER, TensorMap, build_tensor_map, known_unused_tensor
 
 ERROR = "error"
 WARNING = "warning"
@@ -60,14 +63,18 @@ def validate_model(model: GGUFModel) -> list[Finding]:
         config = build_hf_config(model, check_shapes=False)
     except GGUFError as exc:
         return [Finding(ERROR, str(exc))]
+    mtp_only = _mtp_only_finding(model, config)
+    if mtp_only is not None:  # every trunk tensor would be "missing": one line says what the file is instead
+        return [mtp_only]
     findings += [Finding(ERROR, message) for message in config_shape_problems(model, config)]
     findings += _metadata_findings(model, config)
 
     tensor_map = build_tensor_map(config, include_mtp=True)
-    findings += _presence_findings(model, tensor_map)
+    findings += _without_mtp_block(model, tensor_map, _presence_findings(model, tensor_map))
+    findings += _shared_indexer_findings(model, tensor_map)
     for info in model:
         spec = tensor_map.get(info.name)
-        if spec is not None:
+        if spec is not None and spec.role != ROLE_SHARED_INDEXER:
             findings += _tensor_findings(model, info, spec)
     findings += _group_findings(model, tensor_map)
     return findings
@@ -97,10 +104,15 @@ def _metadata_findings(model: GGUFModel, config: dict) -> list[Finding]:
 def _presence_findings(model: GGUFModel, tensor_map: TensorMap) -> list[Finding]:
     out = []
     path = model.path
+    layout = None
     for spec in tensor_map.missing(model.tensors):
         level = WARNING if spec.is_mtp else ERROR
+        why = ""
+        if ".indexer." in spec.gguf_name and not spec.is_mtp:
+            layout = layout or indexer_layout(model, tensor_map.config["num_hidden_layers"])
+            why = f"; layer {spec.layer} runs its own DSA indexer: {layout.source}"
         out.append(Finding(level, f"{path}: tensor {spec.gguf_name} is missing (expected shape {list(spec.shape)}, "
-                                  f"loaded as {spec.hf_name})", tensor=spec.gguf_name))
+                                  f"loaded as {spec.hf_name}{why})", tensor=spec.gguf_name))
     for info in model:
         if info.name in tensor_map:
             continue
@@ -111,6 +123,59 @@ def _presence_findings(model: GGUFModel, tensor_map: TensorMap) -> list[Finding]
             out.append(Finding(ERROR, f"{info.path}: tensor {info.name} is unexpected in a glm-dsa model "
                                       f"(type {info.type_name}, shape {list(info.shape)})", tensor=info.name))
     return out
+
+
+def _mtp_layers(config: dict) -> range:
+    return range(config["num_hidden_layers"], config["num_hidden_layers"] + config["num_nextn_predict_layers"])
+
+
+def _mtp_only_finding(model: GGUFModel, config: dict) -> Finding | None:
+    """An MTP-only GGUF (llama.cpp's `convert_hf_to_gguf.py --mtp`: nextn_predict_layers > 0, the MTP block and the
+    embeddings, no trunk block): one error instead of one "missing" line per trunk tensor.  llama.cpp recognises
+    such a file by its missing blk.0.attn_norm.weight; here no tensor of any trunk block may be present (a trunk with
+    a few tensors missing is a broken main model, reported tensor by tensor)."""
+    if not config["num_nextn_predict_layers"]:
+        return None
+    layers = {layer_of(name) for name in model.tensors} - {None}
+    mtp = [layer for layer in _mtp_layers(config) if layer in layers]
+    if not mtp or any(layer < config["num_hidden_layers"] for layer in layers):
+        return None
+    blocks = " ".join(f"blk.{layer}" for layer in mtp)
+    return Finding(ERROR, f"{model.path}: this is an MTP-only GGUF (llama.cpp convert --mtp: only the nextn block "
+                          f"{blocks} and the embeddings); serve the main model file, MTP drafts are not supported "
+                          f"yet", key=f"{model.architecture}.nextn_predict_layers")
+
+
+def _without_mtp_block(model: GGUFModel, tensor_map: TensorMap, findings: list[Finding]) -> list[Finding]:
+    """A file that declares nextn_predict_layers > 0 but holds none of the MTP block's tensors (llama.cpp loads it as
+    "trunk-only": no blk.{n_layer}.nextn.eh_proj.weight): one warning instead of one per MTP tensor; the loader
+    skips that block anyway.  Findings of a partly present MTP block are kept as they are."""
+    config = tensor_map.config
+    mtp_layers = _mtp_layers(config)
+    if not mtp_layers or any(layer_of(name) in mtp_layers for name in model.tensors):
+        return findings
+    absent = [f for f in findings if f.level == WARNING and f.tensor is not None and f.tensor not in model.tensors
+              and (spec := tensor_map.get(f.tensor)) is not None and spec.is_mtp]
+    if not absent:
+        return findings
+    blocks = " ".join(f"blk.{layer}" for layer in mtp_layers)
+    key = f"{model.architecture}.nextn_predict_layers"
+    note = Finding(WARNING, f"{model.path}: metadata key {key} is {config['num_nextn_predict_layers']} but the "
+                            f"multi-token-prediction block {blocks} has no tensors here (a trunk-only file, e.g. "
+                            f"stripped of its MTP draft); the loader skips that block anyway", key=key)
+    return [note] + [f for f in findings if f not in absent]
+
+
+def _shared_indexer_findings(model: GGUFModel, tensor_map: TensorMap) -> list[Finding]:
+    """Indexer tensors in layers that share the previous full layer's top-k: one warning for the file."""
+    present = [info for info in model if (spec := tensor_map.get(info.name)) and spec.role == ROLE_SHARED_INDEXER]
+    if not present:
+        return []
+    layers = sorted({tensor_map.get(info.name).layer for info in present})
+    shown = ", ".join(map(str, layers[:8])) + (", ..." if len(layers) > 8 else "")
+    return [Finding(WARNING, f"{model.path}: {len(present)} indexer tensors (e.g. {present[0].name}) belong to "
+                             f"{len(layers)} shared-indexer layer(s) ({shown}), which reuse the previous full "
+                             f"layer's top-k; they are ignored", tensor=present[0].name)]
 
 
 def _tensor_findings(model: GGUFModel, info, spec) -> list[Finding]:

@@ -11,6 +11,7 @@ PATCH_MODULES = (
     "dtype_gate",
     "gguf_loader",
     "gguf_shard_order",
+    "shared_indexer",
     "tp_split",
     "attention_selector",
     "indexer",

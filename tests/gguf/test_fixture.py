@@ -251,3 +251,40 @@ def test_peaked_weights_scale_the_residual_writers_and_add_a_bigram_head():
 def test_make_tiny_refuses_an_unknown_reference_kind(tmp_path):
     with pytest.raises(ValueError, match="reference 'nope'"):
         fixture.make_tiny(tmp_path / "x.gguf", reference="nope")
+
+
+def test_split_mtp_files(tmp_path):
+    """split_mtp writes the converter's --no-mtp / --mtp files of the whole model (checked byte for byte against the
+    real converter in test_llama_tools_real.py); the reference is the whole checkpoint either way."""
+    kw = dict(quant="Q8_0", layers=2, index_heads=4, write_reference=False)
+    whole = open_gguf(fixture.make_tiny(tmp_path / "whole.gguf", **kw)[0])
+    trunk = open_gguf(fixture.make_tiny(tmp_path / "trunk.gguf", split_mtp="trunk", **kw)[0])
+    draft = open_gguf(fixture.make_tiny(tmp_path / "mtp.gguf", split_mtp="mtp", **kw)[0])
+    stripped = open_gguf(fixture.make_tiny(tmp_path / "stripped.gguf", split_mtp="stripped", **kw)[0])
+    names = list(whole.tensors)
+    assert list(trunk.tensors) == list(stripped.tensors) == [n for n in names if not n.startswith("blk.2.")]
+    assert list(draft.tensors) == [n for n in names if n.startswith("blk.2.") or not n.startswith("blk.")]
+    for model, blocks in ((trunk, 2), (draft, 3), (stripped, 3)):
+        for key, value in whole.metadata.items():
+            if key == "glm-dsa.block_count":
+                assert model.metadata[key] == blocks
+            elif key == "glm-dsa.nextn_predict_layers" and model is trunk:
+                assert key not in model.metadata
+            elif key != "general.size_label":  # the parameter count of the tensors written
+                assert model.metadata[key] == value, key
+    fixture.make_tiny(tmp_path / "with-ref.gguf", split_mtp="mtp", quant="Q8_0", layers=2, index_heads=4)
+    config = json.loads((tmp_path / "with-ref.reference" / "config.json").read_text())
+    assert config["num_nextn_predict_layers"] == 1
+    assert "model.layers.0.input_layernorm.weight" in _safetensors(tmp_path / "with-ref.reference")
+
+
+def test_split_mtp_arguments(tmp_path, capsys):
+    with pytest.raises(ValueError, match="split_mtp 'both'"):
+        fixture.make_tiny(tmp_path / "x.gguf", split_mtp="both")
+    with pytest.raises(ValueError, match="needs the MTP block"):
+        fixture.make_tiny(tmp_path / "x.gguf", split_mtp="mtp", mtp=False)
+    out = tmp_path / "cli.gguf"
+    assert fixture.main(["make-tiny", str(out), "--layers", "2", "--index-heads", "4", "--split-mtp", "trunk"]) == 0
+    capsys.readouterr()
+    model = open_gguf(out)
+    assert model.metadata["glm-dsa.block_count"] == 2 and "glm-dsa.nextn_predict_layers" not in model.metadata

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import gguf
 import numpy as np
@@ -21,7 +19,7 @@ import pytest
 
 from glm5_shim.gguf.fixture import make_tiny
 from glm5_shim.gguf.llama_tools import QUANTIZE_PRESETS, quantize_types
-from tests.helpers import REPO, bench_module, child_env
+from tests.helpers import bench_module, load_in_cpu_harness
 
 OUTTYPES = ("BF16", "F16", "Q8_0")
 # presets whose every type the generator can encode (IQ4_XS/IQ4_NL have no quantizer here)
@@ -98,13 +96,132 @@ def test_the_shim_loads_the_converters_files(real):
     root, files = real
     names = list(files)
     out = root / "loaded"
-    out.mkdir()
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "vllm_cpu_harness.py"), str(out),
-                           *[str(files[n]) for n in names]], env=child_env(), capture_output=True, text=True,
-                          timeout=1500, cwd=str(REPO))
-    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert len(results) == len(names), proc.stderr[-4000:]
+    results = load_in_cpu_harness(out, [files[n] for n in names])
     for i, (name, result) in enumerate(zip(names, results)):
         quant = QUANTIZE_PRESETS.get(name, name)
         load_test.check_every_parameter(result, out / f"{i}.npz", files[name], quant, f"real {name}")
 
+
+
+# --- GLM-5.2 (shared indexers) and the split MTP files ------------------------------------------------------------
+# The converter's three files of one checkpoint: the whole model, `--no-mtp` (the trunk) and `--mtp` (the draft head),
+# each against make_tiny's split_mtp option that claims to write it.
+GLM52 = dict(layers=7, indexer_types="glm52", context_length=1 << 20, seed=0)
+MTP_MODES = {"whole": ((), None), "no-mtp": (("--no-mtp",), "trunk"), "mtp": (("--mtp",), "mtp")}
+GLM52_OUTTYPES = ("BF16", "Q8_0")
+
+
+@pytest.fixture(scope="module")
+def real52(tmp_path_factory):
+    """(root, HF checkpoint, {(mode, outtype): converter's GGUF}) for a GLM-5.2-style tiny model."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from glm5_shim.gguf.fixture import reference_dir
+
+    real_gguf = bench_module("real_gguf")
+    try:
+        tree = real_gguf.llama_cpp_tree()
+    except RuntimeError as exc:
+        if os.environ.get("CI") or os.environ.get("GLM5_SHIM_CI"):
+            raise
+        pytest.skip(f"llama.cpp's converter is not available here: {exc}")
+    root = tmp_path_factory.mktemp("real52")
+    make_tiny(root / "source.gguf", quant="Q8_0", **GLM52)  # only its HF checkpoint is used
+    checkpoint = reference_dir(root / "source.gguf")
+    jobs = {(mode, outtype): (root / f"real-{mode}-{outtype}.gguf", outtype.lower(), extra)
+            for mode, (extra, _) in MTP_MODES.items() for outtype in GLM52_OUTTYPES}
+    with ThreadPoolExecutor(2) as pool:
+        futures = {key: pool.submit(real_gguf.convert, checkpoint, out, outtype, extra=extra, tree=tree)
+                   for key, (out, outtype, extra) in jobs.items()}
+        files = {key: future.result() for key, future in futures.items()}
+    return root, checkpoint, files
+
+
+def _fields(path) -> dict:
+    """key → (value, GGUF value types) for every metadata key (the types tell a bool array from a uint32 one)."""
+    reader = gguf.GGUFReader(str(path))
+    return {k: (f.contents(), [t.name for t in f.types]) for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+
+
+@pytest.mark.parametrize("outtype", GLM52_OUTTYPES)
+@pytest.mark.parametrize("mode", list(MTP_MODES))
+def test_make_tiny_writes_the_converters_glm52_files(real52, mode, outtype, tmp_path):
+    _, _, files = real52
+    real = files[(mode, outtype)]
+    ours = make_tiny(tmp_path / "ours.gguf", quant=outtype, split_mtp=MTP_MODES[mode][1], write_reference=False,
+                     **GLM52)[0]
+    assert _layout(ours) == _layout(real)  # tensors (names, order, types, shapes) and keys, in order
+    ours_fields, real_fields = _fields(ours), _fields(real)
+    ours_fields.pop("general.name"), real_fields.pop("general.name")  # the converter names it after the folder
+    assert ours_fields == real_fields
+    ours_data = {t.name: np.asarray(t.data) for t in gguf.GGUFReader(str(ours)).tensors}
+    for t in gguf.GGUFReader(str(real)).tensors:
+        assert np.array_equal(np.asarray(t.data), ours_data[t.name]), t.name
+
+
+@pytest.mark.parametrize("mode", list(MTP_MODES))
+def test_what_the_converter_writes_for_glm52(real52, mode):
+    """The facts make_tiny copies, stated: one bool per trunk layer (the HF list, which has no entry for the MTP
+    layer), no indexer tensors in shared layers, and what --no-mtp / --mtp keep."""
+    _, checkpoint, files = real52
+    hf = json.loads((checkpoint / "config.json").read_text())
+    n_layers = hf["num_hidden_layers"]
+    assert len(hf["indexer_types"]) == n_layers == 7
+    fields = _fields(files[(mode, "Q8_0")])
+    names = [t[0] for t in _layout(files[(mode, "Q8_0")])[0]]
+    types, kinds = fields["glm-dsa.attention.indexer.types"]
+    assert types == [True, True, True, False, False, False, True] and kinds == ["ARRAY", "BOOL"]
+    assert fields["glm-dsa.context_length"][0] == 1 << 20
+    blocks = sorted({int(n.split(".")[1]) for n in names if n.startswith("blk.")})
+    if mode == "no-mtp":
+        assert fields["glm-dsa.block_count"][0] == n_layers and "glm-dsa.nextn_predict_layers" not in fields
+        assert blocks == list(range(n_layers))
+    else:  # block_count counts the MTP block; the indexer types still cover the trunk only (block_count - nextn)
+        assert fields["glm-dsa.block_count"][0] == n_layers + 1 and fields["glm-dsa.nextn_predict_layers"][0] == 1
+        assert blocks == (list(range(n_layers + 1)) if mode == "whole" else [n_layers])
+    if mode == "mtp":
+        assert [n for n in names if not n.startswith("blk.")] == ["output.weight", "token_embd.weight",
+                                                                   "output_norm.weight"]
+        assert "blk.0.attn_norm.weight" not in names and f"blk.{n_layers}.nextn.eh_proj.weight" in names
+    for layer in blocks:
+        indexer = [n for n in names if n.startswith(f"blk.{layer}.indexer.")]
+        shared = layer < n_layers and not types[layer]
+        assert len(indexer) == (0 if shared else 5), (layer, indexer)  # the MTP block keeps its indexer
+
+
+def test_the_converters_glm52_files_validate(real52):
+    from glm5_shim.gguf.validate import ERROR, validate
+    from glm5_shim.preflight import problem
+
+    _, _, files = real52
+    for outtype in GLM52_OUTTYPES:
+        for mode in ("whole", "no-mtp"):  # BF16 routed experts are re-quantized at load: one warning each
+            findings = validate(files[(mode, outtype)])
+            assert all(f.level != ERROR for f in findings), findings
+            assert all("routed experts are BF16" in f.message for f in findings) and bool(findings) == (outtype == "BF16")
+        mtp_only = files[("mtp", outtype)]
+        findings = validate(mtp_only)
+        assert [f.level for f in findings] == [ERROR]
+        assert findings[0].message == (f"{mtp_only}: this is an MTP-only GGUF (llama.cpp convert --mtp: only the "
+                                       f"nextn block blk.7 and the embeddings); serve the main model file, MTP "
+                                       f"drafts are not supported yet")
+        assert problem(str(mtp_only)) == findings[0].message  # launch.sh's one line, and the shim's in get_config
+
+
+def test_the_shim_loads_the_converters_glm52_files(real52):
+    """The converter's whole and --no-mtp files, and make_tiny's file that declares the MTP block without its
+    tensors, through vLLM's loader (CPU harness, shim active) against what each file stores."""
+    from glm5_shim.gguf.fixture import write_dequantized_reference
+    from tests import test_gguf_vllm_load as load_test
+
+    root, checkpoint, files = real52
+    cases = {f"{mode} {outtype}": files[(mode, outtype)] for mode in ("whole", "no-mtp") for outtype in ("Q8_0",)}
+    cases["no-mtp BF16"] = files[("no-mtp", "BF16")]
+    for path in cases.values():
+        write_dequantized_reference(path, like=checkpoint)
+    cases["stripped Q8_0"] = make_tiny(root / "stripped.gguf", quant="Q8_0", split_mtp="stripped",
+                                       reference="dequantized", **GLM52)[0]
+    out = root / "loaded"
+    results = load_in_cpu_harness(out, list(cases.values()))
+    for i, ((name, path), result) in enumerate(zip(cases.items(), results)):
+        load_test.check_every_parameter(result, out / f"{i}.npz", path, name.split()[-1], f"real GLM-5.2 {name}")

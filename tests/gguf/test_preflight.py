@@ -4,13 +4,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import gguf
-import numpy as np
 import pytest
 
 from glm5_shim.preflight import main, problem
 from glm5_shim.gguf.validate import ERROR, validate
-from tests.helpers import REPO, child_env, last_json, run_python
+from tests.helpers import REPO, child_env, last_json, run_python, write_other_architecture_gguf
 
 
 def _no_q_b(name, array):
@@ -57,12 +55,7 @@ def test_not_a_gguf_named_gguf(tmp_path):
 
 def test_not_glm_dsa_is_vllms_business(tmp_path):
     path = tmp_path / "qwen.gguf"
-    writer = gguf.GGUFWriter(path, "qwen2")
-    writer.add_tensor("output_norm.weight", np.ones(64, dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_other_architecture_gguf(path)
     assert problem(str(path)) is None
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import shutil
 
-import gguf
 import numpy as np
 import pytest
 
 from glm5_shim.gguf.errors import GGUFError
 from glm5_shim.gguf.validate import ERROR, WARNING, check, validate
+from tests.helpers import write_other_architecture_gguf
 
 
 def _errors(findings):
@@ -56,12 +56,7 @@ def test_not_a_gguf(tmp_path):
 
 def test_other_architecture(tmp_path):
     path = tmp_path / "qwen.gguf"
-    writer = gguf.GGUFWriter(path, "qwen2")
-    writer.add_tensor("output_norm.weight", np.ones(64, dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_other_architecture_gguf(path)
     _assert_reported(validate(path), ERROR, str(path), "general.architecture", "qwen2")
 
 
@@ -180,3 +175,89 @@ def test_mtp_problems_do_not_block_serving(small):
     assert not _errors(findings)
     _assert_reported(findings, WARNING, "blk.2.nextn.eh_proj.weight is missing")
     _assert_reported(findings, WARNING, "blk.2.attn_q_b.weight", "TQ1_0")
+
+
+# --- split MTP files (llama.cpp's convert_hf_to_gguf.py --no-mtp / --mtp) -------------------------------------------
+
+def test_trunk_only_file_validates(small):
+    """--no-mtp: block_count = num_hidden_layers, no nextn_predict_layers key, no MTP block: a plain model."""
+    from glm5_shim.gguf.config import build_hf_config
+    from glm5_shim.gguf.reader import open_gguf
+
+    trunk = small("split-trunk", split_mtp="trunk")
+    model = open_gguf(trunk.path)
+    assert model.metadata["glm-dsa.block_count"] == 2 and "glm-dsa.nextn_predict_layers" not in model.metadata
+    assert not [n for n in model.tensors if n.startswith("blk.2.")]
+    assert validate(trunk.path) == []
+    config = build_hf_config(model)
+    assert config["num_hidden_layers"] == 2 and config["num_nextn_predict_layers"] == 0
+
+
+def test_declared_mtp_block_without_tensors_is_one_warning(small):
+    """nextn_predict_layers 1 but no blk.2.* (llama.cpp: "trunk-only", no blk.{n_layer}.nextn.eh_proj.weight): the
+    loader skips the MTP block anyway, so one warning, not one per MTP tensor, and no block_count error."""
+    from glm5_shim.gguf.config import build_hf_config
+    from glm5_shim.gguf.reader import open_gguf
+
+    stripped = small("split-stripped", split_mtp="stripped")
+    model = open_gguf(stripped.path)
+    assert model.metadata["glm-dsa.block_count"] == 3 and model.metadata["glm-dsa.nextn_predict_layers"] == 1
+    assert not [n for n in model.tensors if n.startswith("blk.2.")]
+    findings = validate(stripped.path)
+    assert len(findings) == 1
+    _assert_reported(findings, WARNING, str(stripped.path), "glm-dsa.nextn_predict_layers is 1",
+                     "multi-token-prediction block blk.2 has no tensors")
+    assert check(stripped.path) == findings
+    config = build_hf_config(model)  # the shape checks the config hook runs pass too
+    assert config["num_hidden_layers"] == 2 and config["num_nextn_predict_layers"] == 1
+
+
+def test_partly_missing_mtp_block_is_still_reported_tensor_by_tensor(small):
+    odd = small("mtp-half", tensor_hook=lambda name, a: None if name.startswith("blk.2.") and "ffn" in name else a)
+    findings = validate(odd.path)
+    assert not _errors(findings) and len(findings) > 1
+    _assert_reported(findings, WARNING, "blk.2.ffn_up_exps.weight is missing")
+
+
+def test_truncated_trunk_with_stripped_mtp_block_is_an_error(small):
+    cut = small("split-stripped-cut", split_mtp="stripped",
+                tensor_hook=lambda name, a: None if name.startswith("blk.1.") else a)
+    findings = validate(cut.path)
+    _assert_reported(findings, ERROR, "glm-dsa.block_count = 3 contradicts the tensors: blk.2.attn_norm.weight")
+    _assert_reported(findings, ERROR, "tensor blk.1.attn_q_b.weight is missing")
+
+
+def test_mtp_only_file_is_one_error(small):
+    """--mtp: the MTP block and the embeddings only: one line that says what the file is, before anything else."""
+    from glm5_shim.backend.hf_config import config_dict_from_gguf
+    from glm5_shim.gguf.reader import open_gguf
+    from glm5_shim.preflight import problem
+
+    draft = small("split-mtp", split_mtp="mtp")
+    model = open_gguf(draft.path)
+    assert sorted({n.split(".")[1] for n in model.tensors if n.startswith("blk.")}) == ["2"]
+    assert "blk.0.attn_norm.weight" not in model.tensors and model.metadata["glm-dsa.nextn_predict_layers"] == 1
+    message = (f"{draft.path}: this is an MTP-only GGUF (llama.cpp convert --mtp: only the nextn block blk.2 and the "
+               f"embeddings); serve the main model file, MTP drafts are not supported yet")
+    findings = validate(draft.path)
+    assert [(f.level, f.message) for f in findings] == [(ERROR, message)]
+    with pytest.raises(GGUFError) as exc_info:
+        check(draft.path)
+    assert str(exc_info.value) == message
+    assert problem(str(draft.path)) == message  # launch.sh's line
+    with pytest.raises(GGUFError) as exc_info:
+        config_dict_from_gguf(draft.path)  # what vLLM's get_config raises through the shim
+    assert str(exc_info.value) == message
+
+
+def test_mtp_only_split_file_names_its_first_shard(small):
+    draft = small("split-mtp-shards", split_mtp="mtp", shards=2)
+    findings = validate(draft.path)
+    assert [f.level for f in findings] == [ERROR] and findings[0].message.startswith(f"{draft.path}: this is an "
+                                                                                     f"MTP-only GGUF")
+
+
+def test_main_model_without_trunk_tensors_but_no_mtp_block_is_not_called_mtp_only(small):
+    empty = small("no-blocks", tensor_hook=lambda name, a: None if name.startswith("blk.") else a)
+    findings = validate(empty.path)
+    assert len(_errors(findings)) > 1 and not [f for f in findings if "MTP-only" in f.message]

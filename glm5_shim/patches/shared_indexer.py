@@ -1,0 +1,90 @@
+"""GLM-5.2's shared-indexer layers get no indexer weights and no indexer K cache (glm5_shim.backend.shared_indexer).
+
+Target: ``vllm.model_executor.models.deepseek_v2``.  ``DeepseekV2MLAAttention.__init__`` builds ``Indexer(...)`` in
+every layer, then decides from the config's IndexCache fields (index_topk_pattern / index_topk_freq /
+index_skip_topk_offset) whether the layer skips its top-k.  The module's ``Indexer`` name becomes a factory that
+returns SharedTopkIndexer for the layers that skip, for GGUF models (whose loader leaves those layers' indexer tensors
+out; a checkpoint that carries them would have nowhere to put them).  ``DeepseekV2MLAAttention.__init__`` is wrapped
+to check, layer by layer, that the stand-in sits exactly where vLLM skips the indexer: a mismatch stops start-up.
+"""
+from __future__ import annotations
+
+import inspect
+
+from glm5_shim.registry import Patch, require, require_attr, require_params
+
+_TARGET = "vllm.model_executor.models.deepseek_v2"
+
+
+def _check(module) -> None:
+    indexer = require_attr(module, "Indexer", _TARGET)
+    require_params(indexer.__init__, ("self", "vllm_config", "config", "hidden_size", "q_lora_rank", "quant_config",
+                                      "cache_config", "topk_indices_buffer", "prefix"), "Indexer.__init__")
+    attention = require_attr(module, "DeepseekV2MLAAttention", _TARGET)
+    source = inspect.getsource(attention.__init__)
+    # The premise: the indexer is built through the module-level name, and the skip flag comes from these fields.
+    for fragment in ("Indexer(", "index_topk_pattern", "index_topk_freq", "index_skip_topk_offset",
+                     "skip_topk=_skip_topk"):
+        require(fragment in source, f"DeepseekV2MLAAttention.__init__ no longer contains {fragment!r}")
+    require_attr(module, "extract_layer_index", _TARGET)
+
+
+def _apply(module, patch: Patch) -> None:
+    from glm5_shim.backend.shared_indexer import SharedTopkIndexer, layer_skips_topk
+
+    stock_indexer = module.Indexer
+    signature = inspect.signature(stock_indexer.__init__)
+    reported = []
+
+    def Indexer(*args, **kwargs):  # noqa: N802  (stands in for the class name vLLM calls)
+        bound = signature.bind(None, *args, **kwargs)
+        config, prefix = bound.arguments["config"], bound.arguments.get("prefix", "")
+        vllm_config = bound.arguments["vllm_config"]
+        is_gguf = getattr(getattr(vllm_config, "model_config", None), "quantization", None) == "gguf"
+        if is_gguf and layer_skips_topk(config, module.extract_layer_index(prefix)):
+            if not reported:
+                reported.append(True)
+                from vllm.logger import init_logger
+
+                pattern = getattr(config, "index_topk_pattern", "")
+                init_logger("vllm.glm5_shim.indexer").info(
+                    "glm5-shim: %d of %d layers share the previous full layer's DSA top-k (%s): no indexer weights "
+                    "or indexer KV cache there", str(pattern).count("S"), len(pattern), pattern)
+            return SharedTopkIndexer(config, bound.arguments["topk_indices_buffer"], prefix)
+        return stock_indexer(*args, **kwargs)
+
+    Indexer.stock = stock_indexer
+    patch.replace(module, "Indexer", Indexer)
+
+    attention = module.DeepseekV2MLAAttention
+    stock_init = attention.__init__
+    init_signature = inspect.signature(stock_init)
+
+    def __init__(self, *args, **kwargs):
+        stock_init(self, *args, **kwargs)
+        indexer = getattr(self, "indexer", None)
+        if indexer is None:
+            return
+        vllm_config = init_signature.bind(self, *args, **kwargs).arguments["vllm_config"]
+        is_gguf = getattr(getattr(vllm_config, "model_config", None), "quantization", None) == "gguf"
+        shared = isinstance(indexer, SharedTopkIndexer)
+        skips = bool(getattr(self.mla_attn, "skip_topk", False))
+        if shared != skips and (shared or is_gguf):
+            raise RuntimeError(f"glm5-shim: {getattr(indexer, 'prefix', 'an attention layer')}: vLLM "
+                               f"{'skips' if skips else 'runs'} this layer's DSA indexer but the shim built "
+                               f"{'no' if shared else 'an'} indexer for it; refusing to start")
+
+    patch.replace(attention, "__init__", __init__)
+
+
+PATCHES = [
+    Patch(
+        name="shared-indexer",
+        target=_TARGET,
+        replaces=(f"{_TARGET}:Indexer", f"{_TARGET}:DeepseekV2MLAAttention.__init__"),
+        summary="GLM-5.2 GGUFs: layers that reuse the previous full layer's DSA top-k get no indexer weights and no "
+                "indexer KV cache (vLLM 0.23 builds both in every layer)",
+        check=_check,
+        apply=_apply,
+    ),
+]
