@@ -43,7 +43,8 @@ def gpus() -> tuple[list[dict], str]:
             major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
             mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
             found.append({"index": i, "name": name.decode() if isinstance(name, bytes) else name,
-                          "capability": [major, minor], "memory_gib": round(mem.total / 2**30, 1)})
+                          "capability": [major, minor], "memory_gib": round(mem.total / 2**30, 1),
+                          "memory_bytes": int(mem.total)})
         return found, "" if found else "no GPU (NVML sees none)"
     finally:
         try:
@@ -122,11 +123,13 @@ def collect(model: str | None = None) -> dict:
     if not caps:
         report["plan_if"] = [_plan_for(c) for c in TARGET_CAPABILITIES]
     if model:
-        report["model"] = _model_summary(model)
+        # the longest-context table for the smallest GPU here, or for a 96 GB RTX PRO 6000 without one
+        smallest = min((g["memory_bytes"] for g in found if g.get("memory_bytes")), default=None)
+        report["model"] = _model_summary(model, smallest)
     return report
 
 
-def _model_summary(path: str) -> dict:
+def _model_summary(path: str, gpu_bytes: int | None = None) -> dict:
     """Header-only check of the model: what the loader would say, before any GPU memory is taken."""
     from glm5_shim.gguf.probe import gguf_architecture
     from glm5_shim.gguf.validate import validate
@@ -137,10 +140,13 @@ def _model_summary(path: str) -> dict:
     summary["warnings"] = [f.message for f in findings if f.level != "error"]
     if not summary["errors"]:
         from glm5_shim.gguf.inspect import inspect_report
+        from glm5_shim.gguf.memory import ServeAssumptions
 
-        report = inspect_report(path)
+        report = inspect_report(path, ServeAssumptions(gpu_bytes=gpu_bytes) if gpu_bytes else ServeAssumptions())
         summary["weight_bytes_per_gpu"] = report["weight_bytes_per_gpu"]
+        summary["indexer_layout"] = report["indexer_layout"]
         summary["kv_cache_bytes_per_token"] = report["kv_cache_bytes_per_token"]
+        summary["longest_context"] = report["longest_context"]
         if "tp_split" in report:
             summary["tp_split"] = report["tp_split"]
     return summary
@@ -192,8 +198,15 @@ def format_text(r: dict) -> str:
             gib = {tp: b / 2**30 for tp, b in m["weight_bytes_per_gpu"].items()}
             kv = m["kv_cache_bytes_per_token"]
             lines.append("  weights per GPU: " + ", ".join(f"TP{tp} {v:.2f} GiB" for tp, v in gib.items()))
+            lines.append(f"  DSA indexer: {m['indexer_layout']['description']}")
             lines.append(f"  KV cache per token: {kv['total_bf16']} B bf16, {kv['total_fp8_ds_mla']} B with "
-                         "--kv-cache-dtype fp8_ds_mla (MLA + indexer, all layers)")
+                         f"--kv-cache-dtype fp8_ds_mla (MLA in {kv['layers']} layers + indexer in "
+                         f"{kv['indexer_layers']})")
+            from glm5_shim.gguf.memory import format_context_table
+
+            first, *rows = format_context_table(m["longest_context"], indent="    ")
+            lines.append("  " + first)
+            lines.extend(rows)
         split = m.get("tp_split", {})
         if "clean" in split:
             bad = [tp for tp in (1, 2, 4, 8) if tp not in split["clean"]]

@@ -66,3 +66,28 @@ def test_doctor_checks_a_model_without_a_gpu(tmp_path):
     bad.write_bytes(b"nope")
     text = _doctor(str(bad)).stdout
     assert "1 error(s)" in text and "not a GGUF" in text
+
+
+def test_doctor_reports_the_indexer_layout_and_the_longest_context(tmp_path):
+    from glm5_shim.gguf.fixture import make_tiny
+
+    glm52 = make_tiny(tmp_path / "glm52.gguf", layers=7, indexer_types="glm52", context_length=1 << 20,
+                      write_reference=False)[0]
+    proc = _doctor(str(glm52), "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    model = report["model"]
+    assert model["errors"] == [] and model["indexer_layout"]["pattern"] == "FFFSSSF"
+    assert model["kv_cache_bytes_per_token"]["indexer_layers"] == 4
+    assert model["kv_cache_bytes_per_token"]["total_fp8_ds_mla"] == 7 * 656 + 4 * 132
+    # the table is for the smallest GPU seen, or a 96 GiB one without a GPU; a tiny model fits its whole 1M context
+    gpu_bytes = min((g["memory_bytes"] for g in report["gpus"]), default=96 << 30)
+    assert model["longest_context"]["assumptions"]["gpu_bytes"] == gpu_bytes
+    assert [(r["tp"], r["bf16"], r["fp8_ds_mla"]) for r in model["longest_context"]["rows"]] \
+        == [(tp, 1 << 20, 1 << 20) for tp in (1, 2, 4, 8)]
+    text = _doctor(str(glm52)).stdout
+    assert "  DSA indexer: F F F S S S F (4 full, 3 shared" in text
+    assert ("  KV cache per token: 8592 B bf16, 5120 B with --kv-cache-dtype fp8_ds_mla "
+            "(MLA in 7 layers + indexer in 4)") in text
+    assert "  longest --max-model-len, one sequence (" in text
+    assert "    TP8: bf16 KV 1048576 (model max), fp8_ds_mla KV 1048576 (model max)" in text

@@ -12,6 +12,7 @@ and torch are imported inside the functions that need them).
   tokenizer   build_hf_tokenizer(path), save_tokenizer_dir(path, out_dir)
   fixture     make_tiny(out_path, ...) → tiny random glm-dsa GGUF + reference weights
   inspect     inspect_report(path), format_report(report)
+  memory      longest_context(config, weight_bytes, kv_dtype) → the longest --max-model-len that fits a GPU
 """
 
 from .config import build_hf_config, config_shape_problems

@@ -7,11 +7,14 @@ Weight memory per GPU for tensor parallel size TP (the MTP block is left out, th
     q_a/kv_a projection (vLLM builds it with disable_tp), the router and its bias;
   * bytes: quantized tensors keep their GGUF size; float tensors, and the ones the loader turns into float
     (kv_b rebuilt from attn_k_b + attn_v_b, indexer wk / weights_proj), take 2 bytes per value (bfloat16).
-KV cache per token (MLA keeps one latent per token, replicated across TP ranks), summed over
-num_hidden_layers:
-  * MLA latent: (kv_lora + rope) values x 2 bytes in bf16 = 1152 B for GLM-5, or fp8_ds_mla:
+  * the indexer tensors of GLM-5.2's shared-indexer layers, where a file has them, are not counted (the loader
+    skips them).
+KV cache per token (MLA keeps one latent per token, replicated across TP ranks; rules in glm5_shim.gguf.memory):
+  * MLA latent, every trunk layer: (kv_lora + rope) values x 2 bytes in bf16 = 1152 B for GLM-5, or fp8_ds_mla:
     kv_lora fp8 bytes + 4-byte scale per 128 values + rope x 2 bytes = 656 B;
-  * DSA indexer keys: index_head_dim fp8 bytes + 4-byte scale per 128 values = 132 B.
+  * DSA indexer keys, only in the layers that run their own indexer (all but GLM-5.2's shared ones, which the shim
+    gives no indexer cache): index_head_dim fp8 bytes + 4-byte scale per 128 values = 132 B.
+The longest --max-model-len per GPU for each TP size and KV dtype: glm5_shim.gguf.memory.
 """
 
 from __future__ import annotations
@@ -23,12 +26,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from .config import build_hf_config
+from .config import build_hf_config, indexer_layout
 from .dequant import is_float_type
 from .errors import GGUFError
 from .load_plan import plan_load
+from .memory import GIB, ServeAssumptions, context_table, format_context_table, indexer_bytes_per_token, \
+    mla_bytes_per_token
 from .reader import GLM_DSA_ARCH, GGUFModel, open_gguf
-from .tensor_map import ROLE_EXPERTS, ROLE_FORCE_FLOAT, ROLE_REBUILD_KV_B, build_tensor_map
+from .tensor_map import ROLE_EXPERTS, ROLE_FORCE_FLOAT, ROLE_REBUILD_KV_B, ROLE_SHARED_INDEXER, build_tensor_map
 from .tp_split import clean_tp_sizes, split_problems
 from .validate import validate_model
 
@@ -57,7 +62,7 @@ def weight_bytes_per_gpu(model: GGUFModel, config: dict[str, Any], tp_sizes=TP_S
     sharded, replicated = 0, 0
     for info in model:
         spec = tensor_map.get(info.name)
-        if spec is not None and spec.is_mtp:
+        if spec is not None and (spec.is_mtp or spec.role == ROLE_SHARED_INDEXER):
             continue
         role = spec.base_role if spec is not None else None
         if role in (ROLE_REBUILD_KV_B, ROLE_FORCE_FLOAT) or is_float_type(info.type_name):
@@ -71,26 +76,30 @@ def weight_bytes_per_gpu(model: GGUFModel, config: dict[str, Any], tp_sizes=TP_S
     return {tp: replicated + -(-sharded // tp) for tp in tp_sizes}
 
 
-def kv_cache_bytes_per_token(config: dict[str, Any]) -> dict[str, int]:
-    """KV-cache bytes per token, all layers (rule in the module docstring)."""
-    kv_lora, rope = config["kv_lora_rank"], config["qk_rope_head_dim"]
-    index_dim = config["index_head_dim"]
+def kv_cache_bytes_per_token(config: dict[str, Any], indexer_layers: int | None = None) -> dict[str, int]:
+    """KV-cache bytes per token on each rank (rule in the module docstring).  indexer_layers: the layers that keep
+    an indexer K cache; default: the full ones of config["indexer_types"], all layers without it."""
     layers = config["num_hidden_layers"]
-    mla_bf16 = (kv_lora + rope) * BF16_BYTES
-    mla_fp8 = kv_lora + (kv_lora // 128) * 4 + rope * BF16_BYTES
-    indexer = index_dim + (index_dim // 128) * 4
+    if indexer_layers is None:
+        types = config.get("indexer_types")
+        indexer_layers = sum(t == "full" for t in types) if types else layers
+    mla_bf16 = mla_bytes_per_token(config, "bf16")
+    mla_fp8 = mla_bytes_per_token(config, "fp8_ds_mla")
+    indexer = indexer_bytes_per_token(config)
     return {
         "layers": layers,
         "mla_bf16_per_layer": mla_bf16,
         "mla_fp8_ds_mla_per_layer": mla_fp8,
         "indexer_per_layer": indexer,
-        "total_bf16": (mla_bf16 + indexer) * layers,
-        "total_fp8_ds_mla": (mla_fp8 + indexer) * layers,
+        "indexer_layers": indexer_layers,
+        "total_bf16": mla_bf16 * layers + indexer * indexer_layers,
+        "total_fp8_ds_mla": mla_fp8 * layers + indexer * indexer_layers,
     }
 
 
-def inspect_report(path: str | Path) -> dict[str, Any]:
-    """Everything `format_report` prints, as plain data (JSON-serialisable)."""
+def inspect_report(path: str | Path, assume: ServeAssumptions = ServeAssumptions()) -> dict[str, Any]:
+    """Everything `format_report` prints, as plain data (JSON-serialisable).  assume: the GPU and `vllm serve`
+    settings of the longest-context table."""
     try:
         model = open_gguf(path, expected_architecture=GLM_DSA_ARCH)
     except GGUFError as exc:
@@ -121,8 +130,13 @@ def inspect_report(path: str | Path) -> dict[str, Any]:
     report["mtp_bytes"] = sum(t.n_bytes for t in model if t.name in tensor_map and tensor_map[t.name].is_mtp)
     report["experts_bytes"] = sum(t.n_bytes for t in model
                                   if t.name in tensor_map and tensor_map[t.name].base_role == ROLE_EXPERTS)
-    report["weight_bytes_per_gpu"] = {str(tp): b for tp, b in weight_bytes_per_gpu(model, config).items()}
-    report["kv_cache_bytes_per_token"] = kv_cache_bytes_per_token(config)
+    layout = indexer_layout(model, config["num_hidden_layers"])
+    report["indexer_layout"] = {"pattern": layout.pattern, "full_layers": sum(layout.full),
+                                "shared_layers": len(layout.shared_layers), "description": layout.describe()}
+    weights = weight_bytes_per_gpu(model, config)
+    report["weight_bytes_per_gpu"] = {str(tp): b for tp, b in weights.items()}
+    report["kv_cache_bytes_per_token"] = kv_cache_bytes_per_token(config, sum(layout.full))
+    report["longest_context"] = context_table(config, weights, assume)
     try:
         plan = plan_load(model, config)
     except GGUFError as exc:  # the validator's findings already say why
@@ -179,11 +193,13 @@ def format_report(report: dict[str, Any]) -> str:
                             if split["clean_with_expert_parallel"] != split["clean"] else ""))
             for tp, line in split["first_problem"].items():
                 lines.append(f"  TP{tp}: {line}")
+        lines.append(f"DSA indexer: {report['indexer_layout']['description']}")
         kv = report["kv_cache_bytes_per_token"]
-        lines.append(f"KV cache per token ({kv['layers']} layers, same on every TP rank): "
-                     f"bf16 {kv['total_bf16']} B (MLA {kv['mla_bf16_per_layer']} + indexer {kv['indexer_per_layer']} "
-                     f"per layer), fp8_ds_mla {kv['total_fp8_ds_mla']} B (MLA {kv['mla_fp8_ds_mla_per_layer']} + "
-                     f"indexer {kv['indexer_per_layer']} per layer)")
+        lines.append(f"KV cache per token (same on every TP rank): bf16 {kv['total_bf16']} B, fp8_ds_mla "
+                     f"{kv['total_fp8_ds_mla']} B (MLA {kv['mla_bf16_per_layer']} / {kv['mla_fp8_ds_mla_per_layer']} B "
+                     f"in each of {kv['layers']} layers + indexer {kv['indexer_per_layer']} B in "
+                     f"{kv['indexer_layers']} layers)")
+        lines.extend(format_context_table(report["longest_context"]))
     findings = report.get("findings", [])
     errors = sum(f["level"] == "error" for f in findings)
     lines.append(f"findings: {errors} error(s), {len(findings) - errors} warning(s)")
@@ -197,11 +213,34 @@ def format_report(report: dict[str, Any]) -> str:
 def add_inspect_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("path", metavar="MODEL.gguf", help="a .gguf file, or the first shard of a split model")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    default = ServeAssumptions()
+    parser.add_argument("--gpu-memory", type=float, metavar="GIB", default=default.gpu_bytes / GIB,
+                        help="memory of each GPU for the longest-context table, GiB (default: %(default)g, an RTX PRO "
+                             "6000 Blackwell)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=default.gpu_memory_utilization,
+                        help="as vllm serve's flag (default: %(default)g, vLLM 0.23's)")
+    parser.add_argument("--reserve", type=float, metavar="GIB", default=default.reserve_bytes / GIB,
+                        help="GiB kept for activations, CUDA graphs and the CUDA context (default: %(default)g, "
+                             "an assumption)")
+    parser.add_argument("--max-num-seqs", type=int,
+                        help="as vllm serve's flag (default: vllm serve's for the GPU size)")
+    parser.add_argument("--max-num-batched-tokens", type=int,
+                        help="as vllm serve's flag (default: vllm serve's for the GPU size)")
     return parser
 
 
+def assumptions_from_args(args: argparse.Namespace) -> ServeAssumptions:
+    default = ServeAssumptions()
+    return ServeAssumptions(
+        gpu_bytes=int(getattr(args, "gpu_memory", default.gpu_bytes / GIB) * GIB),
+        gpu_memory_utilization=getattr(args, "gpu_memory_utilization", default.gpu_memory_utilization),
+        reserve_bytes=int(getattr(args, "reserve", default.reserve_bytes / GIB) * GIB),
+        max_num_seqs=getattr(args, "max_num_seqs", None),
+        max_num_batched_tokens=getattr(args, "max_num_batched_tokens", None))
+
+
 def run_inspect(args: argparse.Namespace) -> int:
-    report = inspect_report(args.path)
+    report = inspect_report(args.path, assumptions_from_args(args))
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 1 if any(f["level"] == "error" for f in report.get("findings", [])) else 0
 
