@@ -640,6 +640,8 @@ def run_all(args) -> int:
     if args.tp > 1:
         # every down projection must split into whole Q4_K blocks (256 values) on every rank (gguf/tp_split.py)
         model_args.update(intermediate=max(512, 256 * args.tp), moe_intermediate=256 * args.tp)
+    extra = args.model_args
+    per_quant = bool(extra) and set(extra) <= {"Q8_0", "Q4_K"}
     models = {}
     for q in quants:
         given = Path(args.models) / f"tiny-{q}.gguf" if args.models else None
@@ -651,10 +653,13 @@ def run_all(args) -> int:
                 write_dequantized_reference(path, like=reference_dir(path))
         else:
             path = out / "models" / f"tiny-{q}.gguf"
-            make_tiny(path, quant=q, reference="dequantized", **model_args, **PEAKED)
+            make_tiny(path, quant=q, reference="dequantized",
+                      **{**model_args, **PEAKED, **(extra.get(q, {}) if per_quant else extra)})
         models[q] = str(path)
     results["models"] = {q: dict(path=p, **({"given": True} if args.models and Path(p).parent == Path(args.models)
-                                            else dict(**model_args, **PEAKED))) for q, p in models.items()}
+                                            else {**model_args, **PEAKED, **(extra.get(q, {}) if per_quant
+                                                                              else extra)}))
+                         for q, p in models.items()}
     for i, arm in enumerate(arms):
         arm.port = args.base_port + i
         start(arm, models, out, args.tp, args.dtype)
@@ -748,6 +753,17 @@ def run_all(args) -> int:
     return 0
 
 
+def model_args_json(value: str) -> dict:
+    """--model-args: a JSON object of make_tiny keyword arguments (or one per quant: {"Q8_0": {...}})."""
+    try:
+        parsed = json.loads(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {value!r} ({exc})") from None
+    if not isinstance(parsed, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {value!r}")
+    return parsed
+
+
 def gpu_name() -> str:
     try:
         return subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
@@ -763,6 +779,9 @@ def main() -> int:
     a.add_argument("--out", required=True)
     a.add_argument("--models", default="", help="serve DIR/tiny-<quant>.gguf where it exists (e.g. a file "
                    "llama.cpp's own tools wrote: bench/real_gguf.py) instead of generating it; its widths are its own")
+    a.add_argument("--model-args", default={}, type=model_args_json,
+                   help='extra make_tiny arguments as JSON, for every model or by quant, e.g. \'{"layers": 7, '
+                        '"indexer_types": "glm52"}\' (GLM-5.2\'s shared indexers) or \'{"Q4_K": {...}}\'')
     a.add_argument("--tp", type=int, default=1)
     a.add_argument("--heads", type=int, default=MODEL_ARGS["heads"],
                    help="attention heads of the tiny model (GLM-5 has 64: with --tp 8 each rank holds 8)")

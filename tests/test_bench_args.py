@@ -24,3 +24,13 @@ def test_e2e_dtype_is_one_vllm_serves_glm5_in(tmp_path):
     errors = [line for line in proc.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1 and "argument --dtype: invalid choice: 'float8'" in errors[0], proc.stderr[-2000:]
     assert not any(tmp_path.iterdir())  # refused before any model or server
+
+
+@pytest.mark.parametrize("value", ["layers=7", "[1, 2]"])
+def test_e2e_model_args_must_be_a_json_object(tmp_path, value):
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "e2e.py"), "all", "--out", str(tmp_path),
+                           "--model-args", value], capture_output=True, text=True, timeout=300, env=child_env())
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "argument --model-args: expected a JSON object" in errors[0], proc.stderr[-2000:]
+    assert not any(tmp_path.iterdir())
