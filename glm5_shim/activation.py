@@ -82,7 +82,7 @@ def _on_vllm_import() -> None:
             return
         try:
             from glm5_shim.patches import load_all
-            from glm5_shim.registry import DISABLED, REGISTRY
+            from glm5_shim.registry import REGISTRY
 
             load_all(REGISTRY)
             version = installed_vllm_version()
@@ -96,8 +96,6 @@ def _on_vllm_import() -> None:
             import wrapt
 
             for patch in REGISTRY.patches():
-                if patch.state == DISABLED:
-                    continue
                 wrapt.register_post_import_hook(_hook_for(patch), patch.target)
             _state = "active"
         except Exception as exc:  # the shim must never break the interpreter or vLLM's import

@@ -43,11 +43,10 @@ def _run(args) -> int:
         from glm5_shim.gguf.inspect import run_inspect
 
         return run_inspect(args)
-    if args.command == "make-tiny":
-        from glm5_shim.gguf.fixture import run_make_tiny
+    assert args.command == "make-tiny", args.command  # argparse accepts only the three commands
+    from glm5_shim.gguf.fixture import run_make_tiny
 
-        return run_make_tiny(args)
-    return 2
+    return run_make_tiny(args)
 
 
 if __name__ == "__main__":

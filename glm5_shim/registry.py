@@ -18,7 +18,6 @@ from glm5_shim.settings import warn as _warn
 WAITING = "not yet imported"
 APPLIED = "applied"
 NOT_APPLIED = "not applied"
-DISABLED = "disabled"
 
 MARKER = "__glm5_shim_patch__"
 
@@ -125,7 +124,7 @@ class Registry:
     def apply(self, patch: Patch, module: ModuleType) -> None:
         """Check and apply one patch against its freshly imported target.  Never raises."""
         with self._lock:
-            if patch.state in (APPLIED, DISABLED) or self.refusal:
+            if patch.state == APPLIED or self.refusal:
                 return
             try:
                 patch.check(module)

@@ -1,6 +1,7 @@
 """Shared test helpers: run Python in a fresh interpreter with the repo on PYTHONPATH (as launch.sh does)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -93,6 +94,38 @@ def load_in_cpu_harness(out: pathlib.Path, models: list, env: dict | None = None
     results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert len(results) == len(models), proc.stderr[-4000:]
     return results
+
+
+@contextlib.contextmanager
+def shim_in_this_process(*targets: str):
+    """The shim active in the pytest process for a block of tests (targets imported, so their patches apply), and
+    every patch undone afterwards: later tests in the same process see stock vLLM again.  Re-applies what an earlier
+    block undid (wrapt's import hooks fire only once a module)."""
+    import importlib
+
+    import glm5_shim
+    from glm5_shim.registry import REGISTRY
+
+    glm5_shim.activate("tests")
+    for name in targets:
+        importlib.import_module(name)
+    for patch in REGISTRY.patches():
+        module = sys.modules.get(patch.target)
+        if module is not None:
+            REGISTRY.apply(patch, module)
+    try:
+        yield REGISTRY
+    finally:
+        REGISTRY.undo_all()
+
+
+def declared_patch_names() -> set[str]:
+    """Every patch the shim declares (glm5_shim.patches: one module per patch point; no vLLM import)."""
+    import importlib
+
+    from glm5_shim.patches import PATCH_MODULES
+
+    return {p.name for m in PATCH_MODULES for p in importlib.import_module(f"glm5_shim.patches.{m}").PATCHES}
 
 
 def bench_module(name: str):

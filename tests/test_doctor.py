@@ -5,7 +5,7 @@ import json
 import subprocess
 import sys
 
-from tests.helpers import REPO, child_env
+from tests.helpers import REPO, child_env, declared_patch_names
 
 
 def _doctor(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -14,14 +14,12 @@ def _doctor(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 
 def test_doctor_json_lists_every_patch_and_a_plan():
-    from glm5_shim.patches import PATCH_MODULES
-
     proc = _doctor("--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout)  # stdout is pure JSON: vLLM's log lines must not leak into it
     assert report["activation"] == "active"
     names = {p["name"] for p in report["patches"]}
-    assert {"speculators", "dtype-auto", "dtype-gate"} <= names and len(names) >= len(PATCH_MODULES)
+    assert names == declared_patch_names() and {"speculators", "dtype-auto", "dtype-gate", "shared-indexer"} <= names
     for p in report["patches"]:
         # vllm.platforms.cuda needs the CUDA driver: on a CPU-only machine it cannot even be imported
         cuda_only = not report["gpus"] and p["target"] == "vllm.platforms.cuda"

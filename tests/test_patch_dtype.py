@@ -6,21 +6,18 @@ import pathlib
 import pytest
 import torch
 
-from tests.helpers import write_minimal_glm_dsa_gguf
+from tests.helpers import shim_in_this_process, write_minimal_glm_dsa_gguf
 
 
 @pytest.fixture(scope="module")
 def patched():
-    import glm5_shim
+    with shim_in_this_process("vllm.config.model", "vllm.model_executor.layers.quantization.gguf") as registry:
+        import vllm.config.model as model_module
+        import vllm.model_executor.layers.quantization.gguf as gguf_module
 
-    glm5_shim.activate("tests")
-    import vllm.config.model as model_module
-    import vllm.model_executor.layers.quantization.gguf as gguf_module
-    from glm5_shim.registry import REGISTRY
-
-    for name in ("dtype-auto", "dtype-gate"):
-        assert REGISTRY.get(name).state == "applied", REGISTRY.get(name)
-    return model_module, gguf_module
+        for name in ("dtype-auto", "dtype-gate"):
+            assert registry.get(name).state == "applied", registry.get(name)
+        yield model_module, gguf_module
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from glm5_shim.patches.gguf_shard_order import sort_integer_shard_ids
+from tests.helpers import shim_in_this_process
 
 Q8_0 = 8  # GGMLQuantizationType.Q8_0
 
@@ -34,17 +35,13 @@ def _rows_as_apply_reads_them(layer) -> list[int]:
     return [int(q[start:end, :size].unique().item()) for start, end, size in (q.shard_offset_map[i] for i in q.shard_id)]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def method():
-    import glm5_shim
+    with shim_in_this_process("vllm.model_executor.layers.quantization.gguf") as registry:
+        from vllm.model_executor.layers.quantization.gguf import GGUFConfig, GGUFLinearMethod
 
-    glm5_shim.activate("tests")
-    from vllm.model_executor.layers.quantization.gguf import GGUFConfig, GGUFLinearMethod
-
-    from glm5_shim.registry import REGISTRY
-
-    assert REGISTRY.get("gguf-shard-order").state == "applied", REGISTRY.get("gguf-shard-order").as_dict()
-    return GGUFLinearMethod(GGUFConfig())
+        assert registry.get("gguf-shard-order").state == "applied", registry.get("gguf-shard-order").as_dict()
+        yield GGUFLinearMethod(GGUFConfig())
 
 
 def test_sort_integer_shard_ids():
@@ -80,3 +77,12 @@ def test_stock_vllm_applies_arrival_order(method):
     stock(method, layer)
     assert layer.qweight.shard_id == [1, 0]
     assert _rows_as_apply_reads_them(layer) == [2, 1]
+
+
+def test_the_block_leaves_vllm_stock():
+    """shim_in_this_process undoes what it applied: the pytest process is stock vLLM after it."""
+    from vllm.model_executor.layers.quantization.gguf import GGUFLinearMethod
+
+    with shim_in_this_process("vllm.model_executor.layers.quantization.gguf"):
+        assert hasattr(GGUFLinearMethod.process_weights_after_loading, "__wrapped__")
+    assert not hasattr(GGUFLinearMethod.process_weights_after_loading, "__wrapped__")

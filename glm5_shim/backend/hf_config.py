@@ -10,8 +10,7 @@ import os
 import threading
 from pathlib import Path
 
-GLM_MODEL_TYPE = "glm_moe_dsa"
-GLM_GGUF_ARCH = "glm-dsa"
+from glm5_shim.names import GGUF_ARCH as GLM_GGUF_ARCH, HF_MODEL_TYPE as GLM_MODEL_TYPE
 
 _lock = threading.Lock()
 _class = None

@@ -2,8 +2,10 @@
 (vLLM sends its config to the engine-core and worker processes)."""
 from transformers import DeepseekV3Config
 
+from glm5_shim.names import HF_MODEL_TYPE
+
 
 class GlmMoeDsaConfig(DeepseekV3Config):
     """GLM-5 (glm_moe_dsa): DeepSeek-V3 geometry plus DSA indexer fields; vLLM only reads attributes."""
 
-    model_type = "glm_moe_dsa"
+    model_type = HF_MODEL_TYPE

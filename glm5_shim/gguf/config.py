@@ -7,11 +7,13 @@ from typing import Any
 
 import numpy as np
 
+from glm5_shim.names import GGUF_ARCH, HF_ARCHITECTURE, HF_MODEL_TYPE
+
 from .errors import GGUFError
 from .reader import GGUFModel
 
-MODEL_TYPE = "glm_moe_dsa"
-ARCHITECTURES = ["GlmMoeDsaForCausalLM"]
+MODEL_TYPE = HF_MODEL_TYPE
+ARCHITECTURES = [HF_ARCHITECTURE]
 
 # llama.cpp's expert_gating_func enum.
 _GATING_FUNCS = {1: "softmax", 2: "sigmoid"}
@@ -138,9 +140,9 @@ def build_hf_config(model: GGUFModel, *, check_shapes: bool = True) -> dict[str,
 
     With check_shapes, raises GGUFError on the first metadata value that contradicts a tensor shape.
     """
-    if model.architecture != "glm-dsa":
+    if model.architecture != GGUF_ARCH:
         raise GGUFError(f"{model.path}: metadata key general.architecture is {model.architecture!r}, "
-                        f"expected 'glm-dsa'")
+                        f"expected {GGUF_ARCH!r}")
     md = _Metadata(model)
     block_count = md.int("block_count", minimum=1)
     nextn = md.int("nextn_predict_layers", 0)

@@ -28,11 +28,6 @@ def type_name(ggml_type: Any) -> str:
     return gguf.GGMLQuantizationType(int(ggml_type)).name
 
 
-def vllm_can_run(ggml_type: Any) -> bool:
-    """vLLM 0.23 has a kernel (or a plain float path) for this type."""
-    return type_name(ggml_type) in VLLM_RUNNABLE_TYPES
-
-
 def is_float_type(ggml_type: Any) -> bool:
     return type_name(ggml_type) in VLLM_UNQUANTIZED_TYPES
 

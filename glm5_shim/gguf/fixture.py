@@ -25,12 +25,14 @@ import numpy as np
 
 from ._tiny_corpus import TINY_CORPUS
 from .kquants import quantize_q2_k, quantize_q3_k, quantize_q4_k, quantize_q5_k, quantize_q6_k
+from glm5_shim.names import GGUF_ARCH, HF_ARCHITECTURE, HF_MODEL_TYPE
+
 from .config import INDEXER_TYPES_KEY, glm52_layer_is_full
 from .kv_b import rebuild_kv_b, split_kv_b
 from .llama_tools import CONVERTER_OUTTYPES, PRESET_FILE_TYPES, QUANTIZE_PRESETS, converter_keeps_f32, \
     converter_order, converter_type, fit_to_row, layer_of, quantize_order, quantize_types
 
-ARCH = "glm-dsa"
+ARCH = GGUF_ARCH
 # quant: what every quantizable tensor becomes.  F32/F16/BF16/Q8_0 are convert_hf_to_gguf.py's --outtype (its
 # per-tensor choices: indexer.proj, norms, router and biases stay F32); the others are "pure" files (like
 # llama-quantize --pure).  A llama-quantize preset (preset=..., llama_tools.QUANTIZE_PRESETS) gives the mix the real
@@ -122,8 +124,8 @@ def tiny_hf_config(*, layers: int, heads: int, index_heads: int, index_topk: int
     no indexer weights), as GLM-5.2's config lists them; None: every layer full (GLM-5, 5.1)."""
     ids = tokenizer.special_ids
     config = {
-        "architectures": ["GlmMoeDsaForCausalLM"],
-        "model_type": "glm_moe_dsa",
+        "architectures": [HF_ARCHITECTURE],
+        "model_type": HF_MODEL_TYPE,
         "dtype": "bfloat16",
         "torch_dtype": "bfloat16",
         "attention_bias": False,

@@ -13,10 +13,12 @@ from typing import Any, Iterator
 import gguf
 import numpy as np
 
+from glm5_shim.names import GGUF_ARCH
+
 from .errors import GGUFError
 from .probe import GGUF_MAGIC, HeaderCursor, ShortRead
 
-GLM_DSA_ARCH = "glm-dsa"
+GLM_DSA_ARCH = GGUF_ARCH
 SHARD_NAME_RE = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 SPLIT_NO = gguf.Keys.Split.LLM_KV_SPLIT_NO
 SPLIT_COUNT = gguf.Keys.Split.LLM_KV_SPLIT_COUNT

@@ -27,7 +27,6 @@ ROLE_EXPERTS = "experts"
 ROLE_MTP = "mtp"
 ROLE_SHARED_INDEXER = "shared-indexer"
 _ROT_EMBD_RE = re.compile(r"blk\.\d+\.attn_rot_embd(\.weight)?")
-ROLES = (ROLE_NORMAL, ROLE_REBUILD_KV_B, ROLE_FORCE_FLOAT, ROLE_EXPERTS, ROLE_MTP, ROLE_SHARED_INDEXER)
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,6 @@ SUPPORTED_HEADS = (16, 32, 64)
 SUPPORTED_NEXT_N = (1, 2, 3, 4)
 DECODE_CTAS_PER_SM = 4       # decode grid per SM when occupancy is unknown (interpreter / query failed)
 MAX_DECODE_CTAS_PER_SM = 8   # cap of the occupancy-derived decode grid (see _decode_grid)
-SMEM_LIMIT = 101376  # sm_120/121 opt-in maximum per block; also below sm_80/86/89 limits
 _MANUAL_W_SCALE = 65536.0  # (2**8)**2: both decoded operands come out divided by 2**8
 _FILL_BLOCK = 1024
 

@@ -68,7 +68,6 @@ BF16_Q_F = tl.constexpr(2.0 ** 64)
 BF16_QK_F = tl.constexpr(2.0 ** 56)
 BF16_PV_F = tl.constexpr(2.0 ** 96)
 BF16_OUT_F = tl.constexpr(2.0 ** 24)
-SMEM_LIMIT_CONSUMER = 101376  # sm_120/121/89/86 opt-in maximum per block (bytes)
 MAX_SPLITS = 32
 KV_FORMATS = ("bf16", "fp8_ds_mla")
 LOG2E = 1.4426950408889634

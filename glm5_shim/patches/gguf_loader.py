@@ -10,9 +10,8 @@ Every other model goes through vLLM's code unchanged.
 """
 from __future__ import annotations
 
+from glm5_shim.names import HF_MODEL_TYPE as GLM_MODEL_TYPE
 from glm5_shim.registry import Patch, require, require_attr, require_params
-
-GLM_MODEL_TYPE = "glm_moe_dsa"
 
 
 def _check(module) -> None:

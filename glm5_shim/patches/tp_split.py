@@ -16,7 +16,9 @@ _TARGET = "vllm.engine.arg_utils"
 def check_tp_split(vllm_config) -> None:
     """Raise GGUFError (one line) when this config's GGUF cannot be split at its tensor-parallel size."""
     model_config = vllm_config.model_config
-    if getattr(getattr(model_config, "hf_config", None), "model_type", None) != "glm_moe_dsa":
+    from glm5_shim.names import HF_MODEL_TYPE
+
+    if getattr(getattr(model_config, "hf_config", None), "model_type", None) != HF_MODEL_TYPE:
         return
     parallel = vllm_config.parallel_config
     tp, ep = parallel.tensor_parallel_size, bool(parallel.enable_expert_parallel)

@@ -87,10 +87,13 @@ def test_greedy_tokens_agree_with_native_on_most_prompts(results):
 def test_log_probabilities_are_as_close_to_the_float32_reference_as_native(results):
     summary = results["reference_summary"]
     assert summary, results.get("reference_error")
-    for name, arm in _arms(results, "shim").items():
-        native = "native-" + name[len("shim-"):]
-        if native not in summary:
-            continue
+    pairs = [(name, "native-" + name[len("shim-"):]) for name in _arms(results, "shim")]
+    pairs = [(name, native) for name, native in pairs if native in summary]
+    if not pairs:
+        pytest.skip("this run has no shim arm next to a native arm of the same model and cache (bench/e2e.py --arms; "
+                    "float16 runs: FlashMLA is bf16 only)")
+    for name, native in pairs:
+        assert name in summary, (name, results.get("reference_error"))
         for phase in ("decode", "prefill"):
             s, n = summary[name][phase], summary[native][phase]
             assert s["n"] > 0 and n["n"] > 0, (name, phase)

@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from glm5_shim.kernels.indexer_logits import SMEM_LIMIT
+from glm5_shim.kernels.limits import SMEM_LIMIT
 
 TARGETS = [120, 121, 89, 86, 80, 90]  # the shim's targets, plus sm_90: the H200 that runs the GPU tests/bench
 

@@ -20,9 +20,10 @@ import sys
 
 import pytest
 
+from glm5_shim.kernels.limits import SMEM_LIMIT
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CAPS = (120, 121, 89, 86, 80)
-SMEM_LIMIT = 101376  # bytes per block on sm_120/121/89/86 (opt-in); the shim holds sm_80 to it too
 DTYPES = ("bfloat16", "float16")  # fp32 queries are interpreter-only (no GPU configs)
 KV_FORMATS = ("bf16", "fp8_ds_mla")
 
