@@ -82,7 +82,9 @@ def _plan_for(capability: tuple[int, int], gguf: bool = True) -> dict:
 
     from glm5_shim.backend.selection import deepgemm_can_run, native_sparse_mla
 
-    dtype = torch.float16 if (gguf and capability[0] >= 10 and not settings.allow_gguf_bf16()) else torch.bfloat16
+    from glm5_shim.patches.dtype_gate import gguf_dtype_for_auto
+
+    dtype = getattr(torch, gguf_dtype_for_auto(capability)) if gguf else torch.bfloat16
     choice = native_sparse_mla(capability, dtype)
     attention = {"dtype": str(dtype).replace("torch.", ""), "native": choice.name, "rejected": choice.rejected}
     if settings.attention_choice() == "triton":

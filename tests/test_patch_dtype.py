@@ -91,3 +91,16 @@ def test_ada_keeps_bf16(patched, capability, gguf_file, monkeypatch):
     assert _resolve(model_module, gguf_file, "auto") == torch.bfloat16
     assert _resolve(model_module, gguf_file, "bfloat16") == torch.bfloat16
     assert torch.bfloat16 in gguf_module.GGUFConfig().get_supported_act_dtypes()
+
+
+@pytest.mark.parametrize("cap", [(12, 0), (12, 1), (10, 0), (9, 0), (8, 9), (8, 6)])
+def test_doctor_shows_the_dtype_the_patch_picks(patched, capability, gguf_file, monkeypatch, cap):
+    """doctor's per-GPU plan and the dtype-auto patch answer from one rule (dtype_gate.gguf_dtype_for_auto)."""
+    from glm5_shim.doctor import _plan_for
+
+    model_module, _ = patched
+    monkeypatch.delenv("GLM5_SHIM_GGUF_BF16", raising=False)
+    capability(*cap)
+    resolved = _resolve(model_module, gguf_file, "auto")
+    assert _plan_for(cap)["attention"]["dtype"] == str(resolved).replace("torch.", "")
+    assert resolved == (torch.float16 if cap[0] >= 10 else torch.bfloat16)

@@ -3,30 +3,28 @@ modules, and the weights stream with vLLM's progress bar."""
 from __future__ import annotations
 
 import os
-import threading
 
 from vllm.logger import init_logger
 
+from glm5_shim.backend.hf_config import PerFileCache
+
 logger = init_logger("vllm.glm5_shim.gguf")
-_lock = threading.Lock()
-_plans: dict[tuple, object] = {}
+_plans = PerFileCache()
 
 
 def load_plan_for(path: str | os.PathLike):
-    from glm5_shim.backend.hf_config import file_version, gguf_model
+    return _plans.get(path, lambda: _plan(path))
+
+
+def _plan(path: str | os.PathLike):
+    from glm5_shim.backend.hf_config import gguf_model
     from glm5_shim.gguf.config import build_hf_config
     from glm5_shim.gguf.load_plan import plan_load
 
-    key = file_version(path)
-    with _lock:
-        if key in _plans:
-            return _plans[key]
     model = gguf_model(path)
     plan = plan_load(model, build_hf_config(model))
     for note in plan.notes:
         logger.info("glm5-shim: %s", note)
-    with _lock:
-        _plans[key] = plan
     return plan
 
 
@@ -56,6 +54,5 @@ def load_glm_weights(model, path: str | os.PathLike, load_config) -> None:
 def _forget_plans() -> None:
     from glm5_shim.backend.hf_config import forget_gguf_models
 
-    with _lock:
-        _plans.clear()
+    _plans.clear()
     forget_gguf_models()

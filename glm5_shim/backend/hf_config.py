@@ -12,10 +12,33 @@ from pathlib import Path
 
 from glm5_shim.names import GGUF_ARCH as GLM_GGUF_ARCH, HF_MODEL_TYPE as GLM_MODEL_TYPE
 
-_lock = threading.Lock()
 _class = None
-_cache: dict[tuple, object] = {}
-_models: dict[tuple, object] = {}  # parsed GGUF headers, shared by the config and the load plan
+
+
+class PerFileCache:
+    """One value per GGUF file version (path, size, mtime) and process.  The value is built outside the lock: a real
+    GLM-5 header takes seconds to parse, and building may itself use another cache."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: dict[tuple, object] = {}
+
+    def get(self, path: str | os.PathLike, build):
+        key = file_version(path)
+        with self._lock:
+            if key in self._values:
+                return self._values[key]
+        value = build()
+        with self._lock:
+            return self._values.setdefault(key, value)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._values.clear()
+
+
+_models = PerFileCache()  # parsed GGUF headers, shared by the config, the TP split check and the load plan
+_configs = PerFileCache()  # validated config dicts
 
 
 def glm_moe_dsa_config_class():
@@ -80,30 +103,22 @@ def file_version(path: str | os.PathLike) -> tuple[str, int, int]:
 def gguf_model(path: str | os.PathLike):
     """open_gguf once per file version and process: a real GLM-5 header (154,880-token vocabulary) takes seconds
     to parse, and the config, the TP split check and the load plan all need it.  forget_gguf_models() drops them."""
-    key = file_version(path)
-    with _lock:
-        if key in _models:
-            return _models[key]
     from glm5_shim.gguf.reader import open_gguf
 
-    model = open_gguf(path)  # the name as given: error messages name the file the user passed
-    with _lock:
-        _models[key] = model
-    return model
+    return _models.get(path, lambda: open_gguf(path))  # the name as given: errors name the file the user passed
 
 
 def forget_gguf_models() -> None:
-    with _lock:
-        _models.clear()
+    _models.clear()
 
 
 def config_dict_from_gguf(path: str | os.PathLike) -> dict:
     """Validated HF config fields of a glm-dsa GGUF (cached per file version).  A bad file raises GGUFError,
     one line naming the file and the tensor or key, before anything touches a GPU."""
-    key = file_version(path)
-    with _lock:
-        if key in _cache:
-            return dict(_cache[key])
+    return dict(_configs.get(path, lambda: _validated_config(path)))
+
+
+def _validated_config(path: str | os.PathLike) -> dict:
     from glm5_shim.gguf.config import build_hf_config
     from glm5_shim.gguf.validate import ERROR, validate_model
 
@@ -115,10 +130,7 @@ def config_dict_from_gguf(path: str | os.PathLike) -> dict:
 
         more = f" (and {len(errors) - 1} more problem(s): python -m glm5_shim inspect {path})" if len(errors) > 1 else ""
         raise GGUFError(errors[0].message + more)
-    config = build_hf_config(model)
-    with _lock:
-        _cache[key] = config
-    return dict(config)
+    return build_hf_config(model)
 
 
 def config_from_gguf(path: str | os.PathLike):

@@ -49,8 +49,10 @@ def native_sparse_mla(capability: tuple[int, int], dtype, kv_cache_dtype: str = 
     return Choice(None, "no native sparse-MLA backend is valid", rejected)
 
 
-def deepgemm_can_run(capability: tuple[int, int]) -> tuple[bool, str]:
-    if capability[0] not in (9, 10):
+def deepgemm_can_run(capability: tuple[int, int] | None) -> tuple[bool, str]:
+    """Whether vLLM's DeepGEMM indexer runs here, and why not: the one rule doctor shows and the indexer patch
+    follows (capability None: unknown, only the import is checked)."""
+    if capability is not None and capability[0] not in (9, 10):
         return False, f"DeepGEMM runs on compute capability 9.x/10.x only (this is {capability[0]}.{capability[1]})"
     try:
         from vllm.utils.import_utils import has_deep_gemm

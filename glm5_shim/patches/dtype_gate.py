@@ -18,6 +18,17 @@ from glm5_shim.registry import Patch, require, require_attr, require_params
 _GATE_CAPABILITY = 100  # the threshold vLLM's own gate uses (has_device_capability(100))
 
 
+def gguf_bf16_refused_at(capability: tuple[int, int]) -> bool:
+    """vLLM 0.23's gate: bf16 GGUF is refused from compute capability 10.0 on (has_device_capability compares
+    major * 10 + minor)."""
+    return capability[0] * 10 + capability[1] >= _GATE_CAPABILITY
+
+
+def gguf_dtype_for_auto(capability: tuple[int, int]) -> str:
+    """What --dtype auto gives a GGUF with the shim on this compute capability (doctor asks this, the patch does it)."""
+    return "float16" if gguf_bf16_refused_at(capability) and not settings.allow_gguf_bf16() else "bfloat16"
+
+
 def gguf_bf16_refused_by_vllm() -> bool:
     """True where vLLM 0.23's gate refuses bf16 for GGUF: the current platform reports capability >= 10.0."""
     from vllm.platforms import current_platform

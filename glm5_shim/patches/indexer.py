@@ -66,14 +66,11 @@ def triton_indexer_reason() -> str | None:
         return "forced by GLM5_SHIM_INDEXER=triton"
     from vllm.platforms import current_platform
 
-    capability = current_platform.get_device_capability()
-    if capability is not None and capability.major not in (9, 10):
-        return f"DeepGEMM does not run on compute capability {capability.as_version_str()}"
-    from vllm.utils.import_utils import has_deep_gemm
+    from glm5_shim.backend.selection import deepgemm_can_run
 
-    if not has_deep_gemm():
-        return "DeepGEMM is not importable (it needs a CUDA toolkit: CUDA_HOME or nvcc)"
-    return None
+    capability = current_platform.get_device_capability()
+    ok, why = deepgemm_can_run(None if capability is None else (capability.major, capability.minor))
+    return None if ok else why
 
 
 def _apply(sai, patch: Patch) -> None:
