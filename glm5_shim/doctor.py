@@ -80,7 +80,7 @@ def _patch_status() -> tuple[str, list[dict]]:
 def _plan_for(capability: tuple[int, int], gguf: bool = True) -> dict:
     import torch
 
-    from glm5_shim.backend.selection import deepgemm_can_run, native_sparse_mla
+    from glm5_shim.attention.selection import deepgemm_can_run, native_sparse_mla
 
     from glm5_shim.patches.dtype_gate import gguf_dtype_for_auto
 
@@ -141,7 +141,7 @@ def _model_summary(path: str, gpu_bytes: int | None = None) -> dict:
     summary["errors"] = [f.message for f in findings if f.level == "error"]
     summary["warnings"] = [f.message for f in findings if f.level != "error"]
     if not summary["errors"]:
-        from glm5_shim.gguf.inspect import inspect_report
+        from glm5_shim.gguf.report import inspect_report
         from glm5_shim.gguf.memory import ServeAssumptions
 
         report = inspect_report(path, ServeAssumptions(gpu_bytes=gpu_bytes) if gpu_bytes else ServeAssumptions())

@@ -19,7 +19,7 @@ import sys
 
 def problem(model: str) -> str | None:
     """The one-line error the shim would raise for `model` when vLLM builds its config, or None."""
-    from glm5_shim.backend.hf_config import config_dict_from_gguf, is_glm_dsa_gguf, refuse_unreadable_gguf
+    from glm5_shim.loading.hf_config import config_dict_from_gguf, is_glm_dsa_gguf, refuse_unreadable_gguf
     from glm5_shim.gguf.errors import GGUFError
 
     try:

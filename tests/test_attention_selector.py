@@ -53,7 +53,7 @@ CASES = [((12, 0), "float16", "auto"), ((12, 0), "bfloat16", "fp8_ds_mla"), ((12
          ((12, 1), "float16", "auto"),
          ((8, 9), "bfloat16", "auto"), ((8, 6), "bfloat16", "auto"), ((8, 0), "float16", "auto"),
          ((9, 0), "bfloat16", "auto"), ((9, 0), "float16", "auto")]
-SHIM = "glm5_shim.backend.sparse_mla.Glm5SparseMLABackend"
+SHIM = "glm5_shim.attention.backend.Glm5SparseMLABackend"
 NATIVE = "vllm.v1.attention.backends.mla.flashmla_sparse.FlashMLASparseBackend"
 
 

@@ -7,7 +7,7 @@ import gguf
 import numpy as np
 import pytest
 
-from glm5_shim.backend.gguf_weights import iter_weights
+from glm5_shim.loading.gguf_weights import iter_weights
 from glm5_shim.gguf.config import build_hf_config
 from glm5_shim.gguf.fixture import QUANT_TYPES, make_tiny, reference_dir
 from glm5_shim.gguf.load_plan import plan_load

@@ -153,7 +153,7 @@ def test_bad_glm_dsa_gguf_is_one_line_and_vllm_never_starts(tmp_path: pathlib.Pa
 
 def test_bad_gguf_error_is_the_shims_own_text(tmp_path: pathlib.Path, missing_tensor_gguf):
     """The line is exactly the GGUFError the shim raises from vLLM's get_config, behind launch.sh's prefix."""
-    from glm5_shim.backend.hf_config import config_dict_from_gguf
+    from glm5_shim.loading.hf_config import config_dict_from_gguf
     from glm5_shim.gguf.errors import GGUFError
 
     with pytest.raises(GGUFError) as raised:

@@ -25,7 +25,7 @@ def _install_cpu_scaffolding() -> None:
     from vllm.platforms.cpu import CpuPlatform
 
     CpuPlatform.get_attn_backend_cls = classmethod(
-        lambda cls, *a, **k: "glm5_shim.backend.sparse_mla.Glm5SparseMLABackend")
+        lambda cls, *a, **k: "glm5_shim.attention.backend.Glm5SparseMLABackend")
     platforms._current_platform = CpuPlatform()
     import vllm.model_executor.layers.attention.mla_attention as mla
 

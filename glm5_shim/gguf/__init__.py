@@ -11,7 +11,7 @@ and torch are imported inside the functions that need them).
   validate    validate(path) → [Finding], check(path)
   tokenizer   build_hf_tokenizer(path), save_tokenizer_dir(path, out_dir)
   fixture     make_tiny(out_path, ...) → tiny random glm-dsa GGUF + reference weights
-  inspect     inspect_report(path), format_report(report)
+  report      inspect_report(path), format_report(report)  (python -m glm5_shim inspect)
   memory      longest_context(config, weight_bytes, kv_dtype) → the longest --max-model-len that fits a GPU
 """
 

@@ -79,7 +79,7 @@ FP32_BYTES = 4
 # + index_head_dim // quant_block_size * 4, dtype=uint8), quant_block_size = 128; one vector a token (K only).
 INDEXER_QUANT_BLOCK = 128
 # vllm/v1/attention/backends/mla/indexer.py: DeepseekV32IndexerBackend.get_supported_kernel_block_sizes ([64]) and
-# glm5_shim/backend/sparse_mla.py: Glm5SparseMLABackend.get_supported_kernel_block_sizes ([64]): 64-token blocks.
+# glm5_shim/attention/backend.py: Glm5SparseMLABackend.get_supported_kernel_block_sizes ([64]): 64-token blocks.
 KV_BLOCK_TOKENS = 64
 # vllm/v1/attention/backends/mla/indexer.py: get_max_prefill_buffer_size: max_model_len * 40 tokens, gathered as
 # (T, head_dim) e4m3 + (T, 4) scale bytes (vllm/model_executor/layers/sparse_attn_indexer.py: _gather_workspace_shapes,

@@ -26,6 +26,12 @@ ROLE_FORCE_FLOAT = "force-float"
 ROLE_EXPERTS = "experts"
 ROLE_MTP = "mtp"
 ROLE_SHARED_INDEXER = "shared-indexer"
+
+# How vLLM 0.23 splits a weight across tensor-parallel ranks: by output rows (column-parallel linears, vocab-parallel
+# embedding and lm_head, gate/up experts), along each row's packed bytes (row-parallel: attn_output, the down
+# projections; glm5_shim.gguf.tp_split checks those cut on whole blocks), or not at all (norms, the fused q_a/kv_a
+# projection built with disable_tp, the DSA indexer, the router).
+TP_COLUMN, TP_ROW, TP_REPLICATED = "column", "row", "replicated"
 _ROT_EMBD_RE = re.compile(r"blk\.\d+\.attn_rot_embd(\.weight)?")
 
 
@@ -47,6 +53,7 @@ class TensorSpec:
     fused_group: str | None = None
     # The member's shard id in that module (vLLM's stacked_params_mapping): the order its output is concatenated in.
     fused_shard: int | None = None
+    tp_split: str = TP_REPLICATED  # TP_COLUMN / TP_ROW / TP_REPLICATED
 
     @property
     def is_mtp(self) -> bool:
@@ -133,10 +140,10 @@ def build_tensor_map(config: dict[str, Any], *, include_mtp: bool = True) -> Ten
     indexer_types = c.get("indexer_types") or ["full"] * n_layers
 
     specs: list[TensorSpec] = [
-        TensorSpec("token_embd.weight", "model.embed_tokens.weight", (vocab, hidden), ROLE_NORMAL),
+        TensorSpec("token_embd.weight", "model.embed_tokens.weight", (vocab, hidden), ROLE_NORMAL, tp_split=TP_COLUMN),
         TensorSpec("output_norm.weight", "model.norm.weight", (hidden,), ROLE_NORMAL, float_only=True),
         # Absent output.weight means tied embeddings: the loader reuses token_embd.
-        TensorSpec("output.weight", "lm_head.weight", (vocab, hidden), ROLE_NORMAL, required=False),
+        TensorSpec("output.weight", "lm_head.weight", (vocab, hidden), ROLE_NORMAL, required=False, tp_split=TP_COLUMN),
     ]
     for layer in range(n_layers + n_mtp):
         is_mtp = layer >= n_layers
@@ -145,7 +152,8 @@ def build_tensor_map(config: dict[str, Any], *, include_mtp: bool = True) -> Ten
         hf = f"model.layers.{layer}."
 
         def add(gguf_suffix: str, hf_suffix: str, shape: tuple[int, ...], role: str = ROLE_NORMAL, *,
-                required: bool = True, float_only: bool = False, fused: tuple[str, int] | None = None) -> None:
+                required: bool = True, float_only: bool = False, fused: tuple[str, int] | None = None,
+                tp: str = TP_REPLICATED) -> None:
             specs.append(TensorSpec(
                 gguf_name=blk + gguf_suffix,
                 hf_name=hf + hf_suffix,
@@ -157,22 +165,23 @@ def build_tensor_map(config: dict[str, Any], *, include_mtp: bool = True) -> Ten
                 float_only=float_only,
                 fused_group=(hf + fused[0]) if fused else None,
                 fused_shard=fused[1] if fused else None,
+                tp_split=tp,
             ))
 
         add("attn_norm.weight", "input_layernorm.weight", (hidden,), float_only=True)
         add("ffn_norm.weight", "post_attention_layernorm.weight", (hidden,), float_only=True)
         add("attn_q_a.weight", "self_attn.q_a_proj.weight", (q_lora, hidden), fused=("self_attn.fused_qkv_a_proj", 0))
         add("attn_q_a_norm.weight", "self_attn.q_a_layernorm.weight", (q_lora,), float_only=True)
-        add("attn_q_b.weight", "self_attn.q_b_proj.weight", (heads * (nope + rope), q_lora))
+        add("attn_q_b.weight", "self_attn.q_b_proj.weight", (heads * (nope + rope), q_lora), tp=TP_COLUMN)
         add("attn_kv_a_mqa.weight", "self_attn.kv_a_proj_with_mqa.weight", (kv_lora + rope, hidden),
             fused=("self_attn.fused_qkv_a_proj", 1))
         add("attn_kv_a_norm.weight", "self_attn.kv_a_layernorm.weight", (kv_lora,), float_only=True)
         # The converter splits kv_b_proj per head into k_b (transposed) and v_b; the loader rebuilds it.
-        add("attn_k_b.weight", "self_attn.kv_b_proj.weight", (heads, kv_lora, nope), ROLE_REBUILD_KV_B)
-        add("attn_v_b.weight", "self_attn.kv_b_proj.weight", (heads, v_dim, kv_lora), ROLE_REBUILD_KV_B)
+        add("attn_k_b.weight", "self_attn.kv_b_proj.weight", (heads, kv_lora, nope), ROLE_REBUILD_KV_B, tp=TP_COLUMN)
+        add("attn_v_b.weight", "self_attn.kv_b_proj.weight", (heads, v_dim, kv_lora), ROLE_REBUILD_KV_B, tp=TP_COLUMN)
         add("attn_kv_b.weight", "self_attn.kv_b_proj.weight", (heads * (nope + v_dim), kv_lora), ROLE_REBUILD_KV_B,
-            required=False)
-        add("attn_output.weight", "self_attn.o_proj.weight", (hidden, heads * v_dim))
+            required=False, tp=TP_COLUMN)
+        add("attn_output.weight", "self_attn.o_proj.weight", (hidden, heads * v_dim), tp=TP_ROW)
         if not is_mtp and indexer_types[layer] == "shared":
             for suffix, hf_suffix, shape in (
                     ("attn_q_b.weight", "wq_b.weight", (index_heads * index_dim, q_lora)),
@@ -192,20 +201,23 @@ def build_tensor_map(config: dict[str, Any], *, include_mtp: bool = True) -> Ten
         if is_moe:
             add("ffn_gate_inp.weight", "mlp.gate.weight", (experts, hidden), float_only=True)
             add("exp_probs_b.bias", "mlp.gate.e_score_correction_bias", (experts,), float_only=True)
-            add("ffn_gate_exps.weight", "mlp.experts.0.gate_proj.weight", (experts, moe_inter, hidden), ROLE_EXPERTS)
-            add("ffn_up_exps.weight", "mlp.experts.0.up_proj.weight", (experts, moe_inter, hidden), ROLE_EXPERTS)
-            add("ffn_down_exps.weight", "mlp.experts.0.down_proj.weight", (experts, hidden, moe_inter), ROLE_EXPERTS)
+            add("ffn_gate_exps.weight", "mlp.experts.0.gate_proj.weight", (experts, moe_inter, hidden), ROLE_EXPERTS,
+                tp=TP_COLUMN)
+            add("ffn_up_exps.weight", "mlp.experts.0.up_proj.weight", (experts, moe_inter, hidden), ROLE_EXPERTS,
+                tp=TP_COLUMN)
+            add("ffn_down_exps.weight", "mlp.experts.0.down_proj.weight", (experts, hidden, moe_inter), ROLE_EXPERTS,
+                tp=TP_ROW)
             if shared_inter:
                 add("ffn_gate_shexp.weight", "mlp.shared_experts.gate_proj.weight", (shared_inter, hidden),
-                    fused=("mlp.shared_experts.gate_up_proj", 0))
+                    fused=("mlp.shared_experts.gate_up_proj", 0), tp=TP_COLUMN)
                 add("ffn_up_shexp.weight", "mlp.shared_experts.up_proj.weight", (shared_inter, hidden),
-                    fused=("mlp.shared_experts.gate_up_proj", 1))
-                add("ffn_down_shexp.weight", "mlp.shared_experts.down_proj.weight", (hidden, shared_inter))
+                    fused=("mlp.shared_experts.gate_up_proj", 1), tp=TP_COLUMN)
+                add("ffn_down_shexp.weight", "mlp.shared_experts.down_proj.weight", (hidden, shared_inter), tp=TP_ROW)
         else:
             inter = c["intermediate_size"]
-            add("ffn_gate.weight", "mlp.gate_proj.weight", (inter, hidden), fused=("mlp.gate_up_proj", 0))
-            add("ffn_up.weight", "mlp.up_proj.weight", (inter, hidden), fused=("mlp.gate_up_proj", 1))
-            add("ffn_down.weight", "mlp.down_proj.weight", (hidden, inter))
+            add("ffn_gate.weight", "mlp.gate_proj.weight", (inter, hidden), fused=("mlp.gate_up_proj", 0), tp=TP_COLUMN)
+            add("ffn_up.weight", "mlp.up_proj.weight", (inter, hidden), fused=("mlp.gate_up_proj", 1), tp=TP_COLUMN)
+            add("ffn_down.weight", "mlp.down_proj.weight", (hidden, inter), tp=TP_ROW)
         if is_mtp:
             add("nextn.eh_proj.weight", "eh_proj.weight", (hidden, 2 * hidden))
             add("nextn.enorm.weight", "enorm.weight", (hidden,), float_only=True)

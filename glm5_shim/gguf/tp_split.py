@@ -18,10 +18,8 @@ from dataclasses import dataclass
 import gguf
 
 from .load_plan import LoadPlan
+from .tensor_map import ROLE_EXPERTS, TP_ROW
 
-# GGUF tensor name endings vLLM splits along the input dimension (the packed row).
-ROW_PARALLEL_SUFFIXES = ("attn_output.weight", "ffn_down.weight", "ffn_down_shexp.weight")
-EXPERT_ROW_PARALLEL_SUFFIX = "ffn_down_exps.weight"
 
 
 @dataclass(frozen=True)
@@ -50,8 +48,10 @@ def split_problems(plan: LoadPlan, tp: int, *, expert_parallel: bool = False) ->
     problems = []
     for t in plan.tensors:
         name = t.gguf_name
-        is_expert = name.endswith(EXPERT_ROW_PARALLEL_SUFFIX)
-        if not (is_expert or name.endswith(ROW_PARALLEL_SUFFIXES)) or (is_expert and expert_parallel):
+        if t.spec is None or t.spec.tp_split != TP_ROW:  # split along the packed row (the tensor table says which)
+            continue
+        is_expert = t.spec.base_role == ROLE_EXPERTS
+        if is_expert and expert_parallel:
             continue
         type_name = t.vllm_type
         if type_name is None:

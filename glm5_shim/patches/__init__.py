@@ -12,7 +12,7 @@ PATCH_MODULES = (
     "gguf_loader",
     "gguf_shard_order",
     "shared_indexer",
-    "tp_split",
+    "tp_split_check",
     "attention_selector",
     "indexer",
 )

@@ -25,7 +25,7 @@ def _check_registry(registry) -> None:
 
 
 def _apply_registry(registry, patch: Patch) -> None:
-    from glm5_shim.backend.selection import SHIM_BACKEND_PATH as BACKEND_PATH
+    from glm5_shim.attention.selection import SHIM_BACKEND_PATH as BACKEND_PATH
 
     enum = registry.AttentionBackendEnum
     overrides = require_attr(registry, "_ATTN_OVERRIDES", "vllm.v1.attention.backends.registry")
@@ -46,8 +46,8 @@ def _check_selector(cuda) -> None:
 
 
 def _shim_backend(capability, attn_selector_config) -> str:
-    from glm5_shim.backend.selection import SHIM_BACKEND_PATH as BACKEND_PATH
-    from glm5_shim.backend.sparse_mla import Glm5SparseMLABackend
+    from glm5_shim.attention.selection import SHIM_BACKEND_PATH as BACKEND_PATH
+    from glm5_shim.attention.backend import Glm5SparseMLABackend
 
     reasons = Glm5SparseMLABackend.validate_configuration(device_capability=capability,
                                                           **attn_selector_config._asdict())

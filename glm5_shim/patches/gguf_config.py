@@ -35,7 +35,7 @@ def _check_config(tc) -> None:
 def _apply_config(tc, patch: Patch) -> None:
     import inspect
 
-    from glm5_shim.backend.hf_config import config_from_gguf, is_glm_dsa_gguf, refuse_unreadable_gguf, \
+    from glm5_shim.loading.hf_config import config_from_gguf, is_glm_dsa_gguf, refuse_unreadable_gguf, \
         register_config_class
 
     register_config_class(tc._CONFIG_REGISTRY)
@@ -76,7 +76,7 @@ def _check_generation(tc) -> None:
 
 
 def _apply_generation(tc, patch: Patch) -> None:
-    from glm5_shim.backend.hf_config import generation_config_from_gguf, is_glm_dsa_gguf
+    from glm5_shim.loading.hf_config import generation_config_from_gguf, is_glm_dsa_gguf
 
     original = tc.try_get_generation_config
 
@@ -102,8 +102,8 @@ def _check_tokenizer(registry_module) -> None:
 def _apply_tokenizer(registry_module, patch: Patch) -> None:
     from functools import lru_cache
 
-    from glm5_shim.backend.hf_config import is_glm_dsa_gguf
-    from glm5_shim.backend.tokenizer_dir import tokenizer_dir_for
+    from glm5_shim.loading.hf_config import is_glm_dsa_gguf
+    from glm5_shim.loading.tokenizer_dir import tokenizer_dir_for
 
     original = registry_module.resolve_tokenizer_args
 

@@ -39,7 +39,7 @@ def _apply(module, patch: Patch) -> None:
             return original_load_model(self, vllm_config, model_config, prefix)
         import torch
 
-        from glm5_shim.backend.gguf_loading import load_plan_for, prepare_quant_config
+        from glm5_shim.loading.gguf_loading import load_plan_for, prepare_quant_config
 
         plan = load_plan_for(self._prepare_weights(model_config))
         if plan.tied_embeddings:
@@ -56,7 +56,7 @@ def _apply(module, patch: Patch) -> None:
     def load_weights(self, model, model_config) -> None:
         if not _is_glm(model_config):
             return original_load_weights(self, model, model_config)
-        from glm5_shim.backend.gguf_loading import load_glm_weights
+        from glm5_shim.loading.gguf_loading import load_glm_weights
 
         load_glm_weights(model, self._prepare_weights(model_config), self.load_config)
 

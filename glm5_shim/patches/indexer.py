@@ -66,7 +66,7 @@ def triton_indexer_reason() -> str | None:
         return "forced by GLM5_SHIM_INDEXER=triton"
     from vllm.platforms import current_platform
 
-    from glm5_shim.backend.selection import deepgemm_can_run
+    from glm5_shim.attention.selection import deepgemm_can_run
 
     capability = current_platform.get_device_capability()
     ok, why = deepgemm_can_run(None if capability is None else (capability.major, capability.minor))

@@ -1,4 +1,4 @@
-"""GLM-5.2's shared-indexer layers get no indexer weights and no indexer K cache (glm5_shim.backend.shared_indexer).
+"""GLM-5.2's shared-indexer layers get no indexer weights and no indexer K cache (glm5_shim.attention.shared_indexer).
 
 Target: ``vllm.model_executor.models.deepseek_v2``.  ``DeepseekV2MLAAttention.__init__`` builds ``Indexer(...)`` in
 every layer, then decides from the config's IndexCache fields (index_topk_pattern / index_topk_freq /
@@ -30,7 +30,7 @@ def _check(module) -> None:
 
 
 def _apply(module, patch: Patch) -> None:
-    from glm5_shim.backend.shared_indexer import SharedTopkIndexer, layer_skips_topk
+    from glm5_shim.attention.shared_indexer import SharedTopkIndexer, layer_skips_topk
 
     stock_indexer = module.Indexer
     signature = inspect.signature(stock_indexer.__init__)

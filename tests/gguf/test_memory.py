@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from glm5_shim.gguf import inspect as gguf_inspect
+from glm5_shim.gguf import report as gguf_inspect
 from glm5_shim.gguf import memory
 
 GIB, MIB = 1 << 30, 1 << 20

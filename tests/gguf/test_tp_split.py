@@ -7,15 +7,21 @@ import pytest
 
 from glm5_shim.gguf.config import build_hf_config
 from glm5_shim.gguf.fixture import make_tiny
-from glm5_shim.gguf.inspect import inspect_report
+from glm5_shim.gguf.report import inspect_report
 from glm5_shim.gguf.load_plan import DEQUANTIZE, KEEP, REQUANTIZE, PlannedTensor, plan_load
 from glm5_shim.gguf.reader import open_gguf
 from glm5_shim.gguf.tp_split import clean_tp_sizes, split_problems
 
 
 def _plan(tensors):
-    """A stand-in LoadPlan: (gguf name, action, type, numpy shape) per tensor."""
-    return SimpleNamespace(tensors=[PlannedTensor(SimpleNamespace(name=n, type_name=t, shape=s), None, a, "hf")
+    """A stand-in LoadPlan: (gguf name, action, type, numpy shape) per tensor, each with the tensor table's entry for
+    its name (how vLLM splits it), from a 5-layer table (block 0 dense, 1-4 MoE)."""
+    from glm5_shim.gguf.fixture import tiny_hf_config, tiny_tokenizer
+    from glm5_shim.gguf.tensor_map import build_tensor_map
+
+    table = build_tensor_map(tiny_hf_config(layers=5, heads=4, index_heads=32, index_topk=128, mtp=False,
+                                            tokenizer=tiny_tokenizer()))
+    return SimpleNamespace(tensors=[PlannedTensor(SimpleNamespace(name=n, type_name=t, shape=s), table[n], a, "hf")
                                     for n, a, t, s in tensors])
 
 
@@ -35,7 +41,7 @@ def test_glm5_real_widths_split_at_tp8_but_not_16():
 def test_expert_parallel_exempts_only_routed_experts_and_float_rows_never_break():
     plan = _plan([("blk.3.ffn_down_shexp.weight", KEEP, "Q4_K", (256, 512)),  # 2 blocks
                   ("blk.3.ffn_down_exps.weight", KEEP, "Q4_K", (8, 256, 256)),  # 1 block
-                  ("blk.3.ffn_down.weight", DEQUANTIZE, "Q4_K", (256, 256)),  # becomes float: split by values
+                  ("blk.0.ffn_down.weight", DEQUANTIZE, "Q4_K", (256, 256)),  # becomes float: split by values
                   ("blk.4.ffn_down_exps.weight", REQUANTIZE, "F16", (8, 256, 32))])  # re-quantized to Q8_0: 1 block
     assert [p.tensor for p in split_problems(plan, 2)] == ["blk.3.ffn_down_exps.weight", "blk.4.ffn_down_exps.weight"]
     assert split_problems(plan, 2, expert_parallel=True) == []
@@ -55,3 +61,25 @@ def test_tiny_files(tmp_path, quant, clean):
     report = inspect_report(path)
     assert report["tp_split"]["clean"] == clean
     assert sorted(report["tp_split"]["first_problem"]) == [str(tp) for tp in (1, 2, 4, 8) if tp not in clean]
+
+
+def test_the_tensor_table_says_how_vllm_splits_each_weight():
+    """One home for the split kind (tensor_map.TensorSpec.tp_split), read by the split check and by the weight-memory
+    report: vLLM 0.23 splits column-parallel weights by output rows, row-parallel ones along the packed row."""
+    from glm5_shim.gguf.fixture import tiny_hf_config, tiny_tokenizer
+    from glm5_shim.gguf.tensor_map import TP_COLUMN, TP_REPLICATED, TP_ROW, build_tensor_map
+
+    table = build_tensor_map(tiny_hf_config(layers=3, heads=4, index_heads=32, index_topk=128, mtp=True,
+                                            tokenizer=tiny_tokenizer()))
+    kinds = {}
+    for spec in table:
+        kinds.setdefault(spec.tp_split, set()).add(spec.gguf_name.split(".", 2)[-1] if spec.layer is not None
+                                                   else spec.gguf_name)
+    assert kinds[TP_ROW] == {"attn_output.weight", "ffn_down.weight", "ffn_down_shexp.weight", "ffn_down_exps.weight"}
+    assert kinds[TP_COLUMN] == {"token_embd.weight", "output.weight", "attn_q_b.weight", "attn_k_b.weight",
+                                "attn_v_b.weight", "attn_kv_b.weight", "ffn_gate.weight", "ffn_up.weight",
+                                "ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_gate_exps.weight",
+                                "ffn_up_exps.weight"}
+    replicated = kinds[TP_REPLICATED]
+    assert {"attn_q_a.weight", "attn_kv_a_mqa.weight", "indexer.attn_q_b.weight", "ffn_gate_inp.weight",
+            "attn_norm.weight", "nextn.eh_proj.weight"} <= replicated

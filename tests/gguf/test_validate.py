@@ -229,7 +229,7 @@ def test_truncated_trunk_with_stripped_mtp_block_is_an_error(small):
 
 def test_mtp_only_file_is_one_error(small):
     """--mtp: the MTP block and the embeddings only: one line that says what the file is, before anything else."""
-    from glm5_shim.backend.hf_config import config_dict_from_gguf
+    from glm5_shim.loading.hf_config import config_dict_from_gguf
     from glm5_shim.gguf.reader import open_gguf
     from glm5_shim.preflight import problem
 

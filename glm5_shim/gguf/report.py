@@ -33,28 +33,13 @@ from .load_plan import plan_load
 from .memory import GIB, ServeAssumptions, context_table, format_context_table, indexer_bytes_per_token, \
     mla_bytes_per_token
 from .reader import GLM_DSA_ARCH, GGUFModel, open_gguf
-from .tensor_map import ROLE_EXPERTS, ROLE_FORCE_FLOAT, ROLE_REBUILD_KV_B, ROLE_SHARED_INDEXER, build_tensor_map
+from .tensor_map import ROLE_EXPERTS, ROLE_FORCE_FLOAT, ROLE_REBUILD_KV_B, ROLE_SHARED_INDEXER, TP_REPLICATED, \
+    build_tensor_map
 from .tp_split import clean_tp_sizes, split_problems
 from .validate import validate_model
 
 TP_SIZES = (1, 2, 4, 8)
 BF16_BYTES = 2
-
-# GGUF tensor name endings that vLLM shards across TP ranks (everything else in a layer is replicated).
-_TP_SHARDED_SUFFIXES = (
-    "attn_q_b.weight", "attn_output.weight", "attn_k_b.weight", "attn_v_b.weight", "attn_kv_b.weight",
-    "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight",
-    "ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight",
-    "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight",
-)
-_TP_SHARDED_GLOBALS = ("token_embd.weight", "output.weight")
-
-
-def tensor_is_tp_sharded(gguf_name: str) -> bool:
-    return gguf_name in _TP_SHARDED_GLOBALS or (gguf_name.startswith("blk.")
-                                                and gguf_name.endswith(_TP_SHARDED_SUFFIXES)
-                                                and ".indexer." not in gguf_name)
-
 
 def weight_bytes_per_gpu(model: GGUFModel, config: dict[str, Any], tp_sizes=TP_SIZES) -> dict[int, int]:
     """Bytes of weights each GPU holds for each TP size (rule in the module docstring)."""
@@ -69,7 +54,7 @@ def weight_bytes_per_gpu(model: GGUFModel, config: dict[str, Any], tp_sizes=TP_S
             size = info.n_elements * BF16_BYTES
         else:
             size = info.n_bytes
-        if tensor_is_tp_sharded(info.name):
+        if spec is not None and spec.tp_split != TP_REPLICATED:  # the tensor table says how vLLM splits it
             sharded += size
         else:
             replicated += size
@@ -246,7 +231,7 @@ def run_inspect(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m glm5_shim.gguf.inspect",
+    parser = argparse.ArgumentParser(prog="python -m glm5_shim.gguf.report",
                                      description="Summarise a GLM-5 (glm-dsa) GGUF.")
     add_inspect_arguments(parser)
     return run_inspect(parser.parse_args(argv))

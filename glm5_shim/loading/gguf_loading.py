@@ -6,7 +6,7 @@ import os
 
 from vllm.logger import init_logger
 
-from glm5_shim.backend.hf_config import PerFileCache
+from glm5_shim.loading.hf_config import PerFileCache
 
 logger = init_logger("vllm.glm5_shim.gguf")
 _plans = PerFileCache()
@@ -17,7 +17,7 @@ def load_plan_for(path: str | os.PathLike):
 
 
 def _plan(path: str | os.PathLike):
-    from glm5_shim.backend.hf_config import gguf_model
+    from glm5_shim.loading.hf_config import gguf_model
     from glm5_shim.gguf.config import build_hf_config
     from glm5_shim.gguf.load_plan import plan_load
 
@@ -38,7 +38,7 @@ def prepare_quant_config(quant_config, plan) -> None:
 def load_glm_weights(model, path: str | os.PathLike, load_config) -> None:
     from vllm.model_executor.model_loader import weight_utils
 
-    from glm5_shim.backend.gguf_weights import check_all_loaded, count_steps, iter_weights
+    from glm5_shim.loading.gguf_weights import check_all_loaded, count_steps, iter_weights
 
     plan = load_plan_for(path)
     use_tqdm = weight_utils.enable_tqdm(getattr(load_config, "use_tqdm_on_load", True))
@@ -52,7 +52,7 @@ def load_glm_weights(model, path: str | os.PathLike, load_config) -> None:
 
 
 def _forget_plans() -> None:
-    from glm5_shim.backend.hf_config import forget_gguf_models
+    from glm5_shim.loading.hf_config import forget_gguf_models
 
     _plans.clear()
     forget_gguf_models()

@@ -12,7 +12,7 @@ GLM5_HEAD_SIZE = 576
 # The shim's sparse-MLA backend, in the registry slot vLLM reserves for out-of-tree backends.  Kept here (a module
 # that imports nothing at load) because the registry patch runs while vLLM's platform module is half-imported.
 SHIM_BACKEND_NAME = "CUSTOM"
-SHIM_BACKEND_PATH = "glm5_shim.backend.sparse_mla.Glm5SparseMLABackend"
+SHIM_BACKEND_PATH = "glm5_shim.attention.backend.Glm5SparseMLABackend"
 
 
 @dataclass

@@ -48,7 +48,7 @@ def glm_moe_dsa_config_class():
     try:
         from transformers import GlmMoeDsaConfig as cls  # transformers >= 5.2
     except ImportError:
-        from glm5_shim.backend.transformers4_config import GlmMoeDsaConfig as cls
+        from glm5_shim.loading.transformers4_config import GlmMoeDsaConfig as cls
     _class = cls
     return cls
 

@@ -24,11 +24,11 @@ def check_tp_split(vllm_config) -> None:
     tp, ep = parallel.tensor_parallel_size, bool(parallel.enable_expert_parallel)
     if tp <= 1:
         return  # nothing is split
-    from glm5_shim.backend.hf_config import is_glm_dsa_gguf
+    from glm5_shim.loading.hf_config import is_glm_dsa_gguf
 
     if not is_glm_dsa_gguf(model_config.model):
         return
-    from glm5_shim.backend.gguf_loading import load_plan_for
+    from glm5_shim.loading.gguf_loading import load_plan_for
     from glm5_shim.gguf.errors import GGUFError
     from glm5_shim.gguf.tp_split import clean_tp_sizes, split_problems
 

@@ -19,7 +19,7 @@ def cache_root() -> Path:
 
 
 def tokenizer_dir_for(gguf_path: str | os.PathLike) -> Path:
-    from glm5_shim.backend.hf_config import file_version
+    from glm5_shim.loading.hf_config import file_version
 
     version = file_version(gguf_path)
     path = Path(version[0])
