@@ -56,7 +56,7 @@ def gpus() -> tuple[list[dict], str]:
 def _patch_status() -> tuple[str, list[dict]]:
     from glm5_shim import activation
     from glm5_shim.patches import load_all
-    from glm5_shim.registry import REGISTRY
+    from glm5_shim.registry import REGISTRY, WAITING
 
     activation.activate("doctor")
     state = activation.state()
@@ -68,7 +68,7 @@ def _patch_status() -> tuple[str, list[dict]]:
             try:
                 importlib.import_module(patch.target)
             except Exception as exc:  # e.g. vllm.platforms.cuda needs the CUDA driver: not on a CPU machine
-                if patch.state == "not yet imported":
+                if patch.state == WAITING:
                     patch.reason = f"{patch.target} cannot be imported here ({type(exc).__name__}: {exc})"
     rows = REGISTRY.status()
     if state == "disabled":

@@ -10,14 +10,24 @@ from __future__ import annotations
 import inspect
 import threading
 from dataclasses import dataclass, field
+from enum import StrEnum
 from types import ModuleType
 from typing import Any, Callable
 
 from glm5_shim.settings import warn as _warn
 
-WAITING = "not yet imported"
-APPLIED = "applied"
-NOT_APPLIED = "not applied"
+
+
+class PatchState(StrEnum):
+    """Where a patch stands; the values are what doctor prints."""
+    WAITING = "not yet imported"
+    APPLYING = "applying"
+    APPLIED = "applied"
+    NOT_APPLIED = "not applied"
+
+
+WAITING, APPLYING, APPLIED, NOT_APPLIED = (PatchState.WAITING, PatchState.APPLYING, PatchState.APPLIED,
+                                           PatchState.NOT_APPLIED)
 
 MARKER = "__glm5_shim_patch__"
 
@@ -34,7 +44,7 @@ class Patch:
     summary: str
     check: Callable[[ModuleType], None]  # raises TargetMismatch(reason)
     apply: Callable[[ModuleType, "Patch"], None]
-    state: str = WAITING
+    state: PatchState = WAITING
     reason: str = ""
     _originals: list[tuple[Any, str, Any]] = field(default_factory=list, repr=False)
 
@@ -45,15 +55,30 @@ class Patch:
         if getattr(_unwrap_descriptor(current), MARKER, None) == self.name:
             return getattr(_unwrap_descriptor(current), "__wrapped__", None)
         func = _unwrap_descriptor(new)
+        original = _unwrap_descriptor(current)
         setattr(func, MARKER, self.name)
-        setattr(func, "__wrapped__", _unwrap_descriptor(current))
+        setattr(func, "__wrapped__", original)
+        if getattr(func, "__doc__", None) is None and getattr(original, "__doc__", None):
+            try:
+                func.__doc__ = original.__doc__  # help() on the patched callable reads as vLLM's
+            except (AttributeError, TypeError):
+                pass
         self._originals.append((owner, attr, current))
         setattr(owner, attr, new)
-        return _unwrap_descriptor(current)
+        return original
+
+    def replace_item(self, mapping: dict, key: Any, value: Any, set_with: Callable[[Any, Any], None] | None = None):
+        """mapping[key] = value (through set_with(key, value) when the owner has its own setter), remembering the slot's
+        previous value (or its absence) for undo."""
+        self._originals.append((mapping, key, mapping.get(key)))
+        if set_with is None:
+            mapping[key] = value
+        else:
+            set_with(key, value)
 
     def undo(self) -> None:
         for owner, attr, original in reversed(self._originals):
-            if isinstance(owner, dict):  # a registry slot
+            if isinstance(owner, dict):  # a slot set by replace_item
                 if original is None:
                     owner.pop(attr, None)
                 else:
@@ -66,7 +91,7 @@ class Patch:
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "target": self.target, "replaces": list(self.replaces),
-                "summary": self.summary, "state": self.state, "reason": self.reason}
+                "summary": self.summary, "state": self.state.value, "reason": self.reason}
 
 
 def _unwrap_descriptor(obj: Any) -> Any:
@@ -122,28 +147,32 @@ class Registry:
                     patch.state, patch.reason = NOT_APPLIED, reason
 
     def apply(self, patch: Patch, module: ModuleType) -> None:
-        """Check and apply one patch against its freshly imported target.  Never raises."""
+        """Check and apply one patch against its freshly imported target.  Never raises.
+
+        The lock only claims the patch: the check and the replacement run outside it, because they may import modules
+        whose own hooks apply other patches, possibly on another thread (wrapt calls hooks outside its lock too)."""
         with self._lock:
-            if patch.state == APPLIED or self.refusal:
+            if patch.state in (APPLIED, APPLYING) or self.refusal:
                 return
-            try:
-                patch.check(module)
-            except TargetMismatch as exc:
-                patch.state, patch.reason = NOT_APPLIED, f"target check failed: {exc}"
-                _warn(f"patch {patch.name!r} not applied: {exc}")
-                return
-            except Exception as exc:  # a check that crashes is a mismatch too
-                patch.state, patch.reason = NOT_APPLIED, f"target check crashed: {type(exc).__name__}: {exc}"
-                _warn(f"patch {patch.name!r} not applied: check crashed: {type(exc).__name__}: {exc}")
-                return
+            patch.state = APPLYING
+        state, reason = APPLIED, ""
+        try:
+            patch.check(module)
+        except TargetMismatch as exc:
+            state, reason = NOT_APPLIED, f"target check failed: {exc}"
+            _warn(f"patch {patch.name!r} not applied: {exc}")
+        except Exception as exc:  # a check that crashes is a mismatch too
+            state, reason = NOT_APPLIED, f"target check crashed: {type(exc).__name__}: {exc}"
+            _warn(f"patch {patch.name!r} not applied: check crashed: {type(exc).__name__}: {exc}")
+        else:
             try:
                 patch.apply(module, patch)
             except Exception as exc:
                 patch.undo()
-                patch.state, patch.reason = NOT_APPLIED, f"apply failed: {type(exc).__name__}: {exc}"
+                state, reason = NOT_APPLIED, f"apply failed: {type(exc).__name__}: {exc}"
                 _warn(f"patch {patch.name!r} failed while applying: {type(exc).__name__}: {exc}")
-                return
-            patch.state, patch.reason = APPLIED, ""
+        with self._lock:
+            patch.state, patch.reason = state, reason
 
     def status(self) -> list[dict[str, Any]]:
         return [p.as_dict() for p in self._patches.values()]

@@ -86,3 +86,4 @@ def test_the_block_leaves_vllm_stock():
     with shim_in_this_process("vllm.model_executor.layers.quantization.gguf"):
         assert hasattr(GGUFLinearMethod.process_weights_after_loading, "__wrapped__")
     assert not hasattr(GGUFLinearMethod.process_weights_after_loading, "__wrapped__")
+

@@ -32,8 +32,7 @@ def _apply_registry(registry, patch: Patch) -> None:
     previous = overrides.get(enum.CUSTOM)
     if previous not in (None, BACKEND_PATH):
         raise RuntimeError(f"AttentionBackendEnum.CUSTOM is already taken by {previous}")
-    registry.register_backend(enum.CUSTOM, BACKEND_PATH)
-    patch._originals.append((overrides, enum.CUSTOM, previous))  # undo() restores the slot
+    patch.replace_item(overrides, enum.CUSTOM, BACKEND_PATH, set_with=registry.register_backend)
 
 
 def _check_selector(cuda) -> None:

@@ -58,7 +58,6 @@ def _apply_config(tc, patch: Patch) -> None:
         tc.patch_rope_parameters(config)
         return config
 
-    get_config.__doc__ = original.__doc__
     patch.replace(tc, "get_config", get_config)
     # Modules that imported get_config by name before this hook ran keep the old binding; rebind them.
     import sys

@@ -43,7 +43,6 @@ def _make_replacement(original):
             return model, bound.arguments.get("tokenizer"), bound.arguments.get("vllm_speculative_config")
         return original(*args, **kwargs)
 
-    maybe_override_with_speculators.__doc__ = original.__doc__
     return maybe_override_with_speculators
 
 

@@ -59,7 +59,6 @@ def _apply(module, patch: Patch) -> None:
         check_tp_split(config)
         return config
 
-    create_engine_config.__doc__ = original.__doc__
     patch.replace(cls, "create_engine_config", create_engine_config)
 
 
