@@ -3,6 +3,11 @@
 The indexer writes, for each query token, positions inside its own request; attention needs physical slots:
 slot = block_table[req, pos // block_size] * block_size + pos % block_size.  Positions outside the request's
 block table (or negative) become -1, so the attention kernel skips them.
+
+vLLM has the same conversion (v1/attention/backends/mla/sparse_utils.py: triton_convert_req_index_to_global_index);
+it is not used because it requires top-k to be a multiple of 128 (tests and tiny models use others) and its kernel is
+compiled through vLLM's triton import, which is a placeholder on a machine without a GPU driver, so the CPU
+interpreter tests could not run it.
 """
 from __future__ import annotations
 
