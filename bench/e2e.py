@@ -546,22 +546,27 @@ def summarize(results: dict) -> None:
 
 
 def report(results: dict) -> str:
-    lines = [f"# End to end — {results.get('date', '')} — {results.get('gpu', '')}, tensor parallel {results.get('tp')}",
+    lines = [f"# End to end — {results.get('date', '')} — {results.get('gpu', '')}, "
+             f"tensor parallel {results.get('tp')}",
              "", f"Command: `{results.get('command', '')}`", ""]
-    lines += ["## Servers", "", "| arm | model | KV cache | attention / indexer | start-up s | checks |", "|---|---|---|---|---|---|"]
+    lines += ["## Servers", "", "| arm | model | KV cache | attention / indexer | start-up s | checks |",
+              "|---|---|---|---|---|---|"]
     for name, res in results["arms"].items():
         checks = res.get("functional", {}).get("checks", {})
-        ok = "all pass" if checks and all(checks.values()) else ", ".join(k for k, v in checks.items() if not v) or res.get("error", "-")
+        ok = ("all pass" if checks and all(checks.values())
+              else ", ".join(k for k, v in checks.items() if not v) or res.get("error", "-"))
         lines.append(f"| {name} | {res.get('quant')} | {res.get('kv')} | {res.get('backends', '-')} | "
                      f"{res.get('startup_s', '-')} | {ok} |")
     lines += ["", "## Greedy agreement, shim-forced vs native (identical greedy tokens of "
               f"{GEN_TOKENS}; |Δ log-prob| of the chosen token over the identical prefix)", ""]
     for tag, rows in results.get("agreement", {}).items():
-        lines += [f"### {tag}", "", "| prompt | prompt tokens | identical | max |Δ lp| | median |Δ lp| | top-2 gap where they part |",
+        lines += [f"### {tag}", "",
+                  "| prompt | prompt tokens | identical | max |Δ lp| | median |Δ lp| | top-2 gap where they part |",
                   "|---|---|---|---|---|---|"]
         for pname, r in rows.items():
             lines.append(f"| {pname} | {r['prompt_tokens']} | {r['identical']}/{r['of']} | {r['max_abs_dlogprob']} | "
-                         f"{r['median_abs_dlogprob']} | {r.get('gap_at_divergence') if r.get('gap_at_divergence') is not None else '-'} |")
+                         f"{r['median_abs_dlogprob']} | "
+                         f"{r.get('gap_at_divergence') if r.get('gap_at_divergence') is not None else '-'} |")
         lines.append("")
     if results.get("reference_error"):
         lines += ["## Float32 reference: failed", "", "```", results["reference_error"][-800:], "```", ""]
@@ -572,45 +577,57 @@ def report(results: dict) -> str:
         for n, r in reps.items():
             for pname, v in r.items():
                 w = v.get("worst") or {}
-                where = "-" if w.get("same") and w.get("identical") == w.get("of") else f"{w.get('identical')}, {w.get('gap_at_divergence')}"
+                where = ("-" if w.get("same") and w.get("identical") == w.get("of")
+                         else f"{w.get('identical')}, {w.get('gap_at_divergence')}")
                 lines.append(f"| {n} | {pname} | {v['distinct_answers']} of {v['runs']} | {where} |")
         lines.append("")
     if results.get("reference_summary"):
         lines += ["## Against the float32 reference (transformers GlmMoeDsaForCausalLM on the GGUF's dequantized "
                   "weights, teacher-forced on each arm's own tokens)", "",
-                  "| arm | decode |Δ lp| mean / median / p99 / max, # > 0.25 of n | prefill |Δ lp| mean / median / p99 / max, # > 0.25 of n | greedy = reference top-1 |",
+                  "| arm | decode |Δ lp| mean / median / p99 / max, # > 0.25 of n "
+                  "| prefill |Δ lp| mean / median / p99 / max, # > 0.25 of n | greedy = reference top-1 |",
                   "|---|---|---|---|"]
         for arm, s in results["reference_summary"].items():
             d, p = s["decode"], s["prefill"]
-            lines.append(f"| {arm} | {d['mean']} / {d['median']} / {d['p99']} / {d['max']}, {d['over_0.25']} of {d['n']} | "
+            lines.append(f"| {arm} | {d['mean']} / {d['median']} / {d['p99']} / {d['max']}, "
+                         f"{d['over_0.25']} of {d['n']} | "
                          f"{p['mean']} / {p['median']} / {p['p99']} / {p['max']}, {p['over_0.25']} of {p['n']} | "
                          f"{s['top1_agree']}/{s['positions']} |")
         lines.append("")
     tp_rows = [(n, r) for n, res in results["arms"].items() for r in res.get("throughput", [])]
     if tp_rows:
         lines += ["## Throughput (streaming completions, greedy, ignore_eos)", "",
-                  "| arm | concurrency | requests | in / out tokens | output tok/s | prompt tok/s | TTFT ms median / p99 | TPOT ms median / p99 | errors |",
+                  "| arm | concurrency | requests | in / out tokens | output tok/s | prompt tok/s "
+                  "| TTFT ms median / p99 | TPOT ms median / p99 | errors |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for n, r in tp_rows:
-            lines.append(f"| {n} (pass {r.get('pass', 1)}) | {r['concurrency']} | {r['requests']} | {r['in_len']} / {r['out_len']} | {r['output_tok_s']} | {r.get('input_tok_s', '-')} | "
-                         f"{r['ttft_ms_median']} / {r['ttft_ms_p99']} | {r['tpot_ms_median']} / {r['tpot_ms_p99']} | {r['errors']} |")
+            lines.append(f"| {n} (pass {r.get('pass', 1)}) | {r['concurrency']} | {r['requests']} | "
+                         f"{r['in_len']} / {r['out_len']} | {r['output_tok_s']} | {r.get('input_tok_s', '-')} | "
+                         f"{r['ttft_ms_median']} / {r['ttft_ms_p99']} | {r['tpot_ms_median']} / {r['tpot_ms_p99']} | "
+                         f"{r['errors']} |")
         lines += ["", "shim / native output tokens/s (mean over passes 2..N where there are several): " + "; ".join(
-            f"{tag}: " + ", ".join(f"c={c} {v}×" for c, v in r.items()) for tag, r in results.get("throughput_ratio", {}).items()), ""]
+            f"{tag}: " + ", ".join(f"c={c} {v}×" for c, v in r.items())
+            for tag, r in results.get("throughput_ratio", {}).items()), ""]
     for name, res in results["arms"].items():
         if "load" in res:
             ld = res["load"]
             lines += [f"## Load on {name}", "",
                       f"{ld['clients']} concurrent streaming clients for {ld['seconds']} s, prompts 200–2000 tokens "
                       f"(index_topk 128), 16/64/128 output tokens: sent {ld['sent']}, completed {ld['completed']}, "
-                      f"lost {ld['lost']}, errors {ld['errors_count']}, short {ld['short']}, output tokens {ld['tokens']}; "
-                      f"after the load the same greedy requests give the same answers as before: {res.get('after_load_same_tokens')} "
+                      f"lost {ld['lost']}, errors {ld['errors_count']}, short {ld['short']}, "
+                      f"output tokens {ld['tokens']}; "
+                      f"after the load the same greedy requests give the same answers as before: "
+                      f"{res.get('after_load_same_tokens')} "
                       f"({res.get('after_load')})", ""]
         if "bad_requests" in res:
-            lines += [f"## Bad requests on {name}", "", "| request | HTTP status | message | server alive after |", "|---|---|---|---|"]
+            lines += [f"## Bad requests on {name}", "", "| request | HTTP status | message | server alive after |",
+                      "|---|---|---|---|"]
             for k, v in res["bad_requests"].items():
                 if isinstance(v, dict) and "status" in v:
-                    lines.append(f"| {k} | {v['status']} | {v['message'][:90].replace('|', '/')} | {v['alive_after']} |")
-            lines += ["", f"next good request gives the same answer as before: {res['bad_requests'].get('next_request')}", ""]
+                    lines.append(f"| {k} | {v['status']} | {v['message'][:90].replace('|', '/')} | "
+                                 f"{v['alive_after']} |")
+            lines += ["", "next good request gives the same answer as before: "
+                          f"{res['bad_requests'].get('next_request')}", ""]
     return "\n".join(lines) + "\n"
 
 
@@ -620,7 +637,8 @@ def backends_from_log(log: Path) -> str:
     """What the server says it chose (attention backend, indexer path), from its own log lines."""
     text = log.read_text(errors="replace") if log and log.exists() else ""
     found = [line.split("]", 1)[-1].strip()[:140] for line in text.splitlines()
-             if "glm5-shim: using" in line or "glm5-shim: DSA indexer" in line or " backend." in line and "Using " in line]
+             if "glm5-shim: using" in line or "glm5-shim: DSA indexer" in line
+             or " backend." in line and "Using " in line]
     return " / ".join(dict.fromkeys(found)) or "-"
 
 
@@ -703,7 +721,8 @@ def run_all(args) -> int:
             # passes interleave the arms (shim, native, shim, native...) so that drift on the machine hits both
             tp_arms = [a for a in ready if not args.throughput_arms or a.name in args.throughput_arms.split(",")]
             rows = {a.name: [] for a in tp_arms}
-            shapes = [(1, args.requests_c1, args.in_len, args.out_len), (32, args.requests_c32, args.in_len, args.out_len)]
+            shapes = [(1, args.requests_c1, args.in_len, args.out_len),
+                      (32, args.requests_c32, args.in_len, args.out_len)]
             # where the time goes at concurrency 32: prefill alone (1 output token), decode-heavy (short prompts)
             split = [(32, args.requests_c32, args.in_len, 1), (32, args.requests_c32, 64, 256)]
             for rep_i in [*range(1, args.throughput_passes + 1), "split"]:
@@ -715,7 +734,8 @@ def run_all(args) -> int:
                         row = asyncio.run(_throughput(arm, conc, n, in_len, out_len, vocab))
                         row["pass"] = rep_i
                         rows[arm.name].append(row)
-                        print(f"[e2e] throughput {arm.name} pass {rep_i} c={conc} {in_len}/{out_len}: {row}", flush=True)
+                        print(f"[e2e] throughput {arm.name} pass {rep_i} c={conc} {in_len}/{out_len}: {row}",
+                              flush=True)
                     results["arms"][arm.name]["throughput"] = rows[arm.name]
                     save()
         # the float32 reference runs in another process during the load (the GPU has room for both; the load
@@ -786,7 +806,8 @@ def main() -> int:
     a.add_argument("--heads", type=int, default=MODEL_ARGS["heads"],
                    help="attention heads of the tiny model (GLM-5 has 64: with --tp 8 each rank holds 8)")
     a.add_argument("--arms", default="", help="comma-separated arm names (default: all six)")
-    a.add_argument("--dtype", default="", choices=["", "auto", "float16", "bfloat16"], help="--dtype for every server, e.g. float16: what GGUF serving picks on "
+    a.add_argument("--dtype", default="", choices=["", "auto", "float16", "bfloat16"],
+                   help="--dtype for every server, e.g. float16: what GGUF serving picks on "
                    "compute capability >= 10 (sm_120); FlashMLA (native arms on an H200) is bf16 only")
     a.add_argument("--base-port", type=int, default=8100)
     a.add_argument("--start-timeout", type=float, default=420)
@@ -802,7 +823,8 @@ def main() -> int:
                         "Triton compiles land in the first)")
     a.add_argument("--skip-reference", action="store_true")
     a.add_argument("--budget-s", type=float, default=0,
-                   help="seconds from server start: skip remaining throughput runs that would leave no time for the load")
+                   help="seconds from server start: skip remaining throughput runs "
+                   "that would leave no time for the load")
     r = sub.add_parser("report")
     r.add_argument("dir")
     f = sub.add_parser("reference", help="score DIR/results.json against the float32 reference → DIR/reference.json")

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import pathlib
 import sys
 import time
@@ -50,7 +49,7 @@ def copy_bandwidth() -> float:
     src = torch.empty(n, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     t = us(lambda: dst.copy_(src))
-    del src, dst
+    src = dst = None  # free the buffers (not `del`: the timed lambda closes over them)
     torch.cuda.empty_cache()
     return 2 * n / (t * 1e-6)
 
@@ -147,7 +146,7 @@ def bench_decode(batch, context, bw, dg, sms, args, g):
             raise
         except Exception as e:  # noqa: BLE001
             rec["deepgemm_error"] = f"{type(e).__name__}: {str(e)[:200]}"
-    del cache, bt, out
+    cache = bt = out = None  # free the buffers (not `del`: timed lambdas close over them)
     torch.cuda.empty_cache()
     return rec
 

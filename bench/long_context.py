@@ -107,11 +107,13 @@ def main() -> int:
                 (out / "results.json").write_text(json.dumps(runs, indent=1))
     md = [f"# Long-context start-up memory — {time.strftime('%Y-%m-%d %H:%M')} — {e2e.gpu_name()}", "",
           f"Command: `{' '.join(sys.argv)}`", "",
-          "| run | ok | start-up s | weights GiB | KV pool GiB | KV tokens | KV B/token | CUDA graphs GiB | GPU used MiB |",
+          "| run | ok | start-up s | weights GiB | KV pool GiB | KV tokens | KV B/token | CUDA graphs GiB "
+          "| GPU used MiB |",
           "|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         md.append(f"| {r['run']} | {r.get('ok')} | {r.get('startup_s', '-')} | {r.get('weights_gib', '-')} | "
-                  f"{r.get('available_kv_gib', '-')} | {r.get('kv_tokens', '-')} | {r.get('kv_bytes_per_token', '-')} | "
+                  f"{r.get('available_kv_gib', '-')} | {r.get('kv_tokens', '-')} | "
+                  f"{r.get('kv_bytes_per_token', '-')} | "
                   f"{r.get('graphs_gib', '-')} | {r.get('used_mib', '-')} |")
     for r in runs:
         md += ["", f"## {r['run']}", ""] + [f"    {line}" for line in r.get("lines", [])]

@@ -67,7 +67,8 @@ def llama_cpp_tree(cache: Path = CACHE) -> Path:
     return tree
 
 
-def convert(checkpoint: Path, out: Path, outtype: str, *, extra: tuple[str, ...] = (), tree: Path | None = None) -> Path:
+def convert(checkpoint: Path, out: Path, outtype: str, *, extra: tuple[str, ...] = (),
+            tree: Path | None = None) -> Path:
     """Run llama.cpp's convert_hf_to_gguf.py on an HF checkpoint directory."""
     tree = tree or llama_cpp_tree()
     proc = subprocess.run([sys.executable, "-c", _CONVERT, str(tree), str(checkpoint), "--outfile", str(out),

@@ -65,12 +65,12 @@ def measure_ceilings():
     y = torch.empty_like(x)
     ms = triton.testing.do_bench(lambda: y.copy_(x), return_mode="median")
     bw = 2 * x.numel() * 4 / (ms * 1e-3)
-    del x, y
+    x = y = None  # free the buffers (not `del`: the timed lambda closes over them)
     a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
     b = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
     ms = triton.testing.do_bench(lambda: a @ b, return_mode="median")
     peak = 2 * 8192 ** 3 / (ms * 1e-3)
-    del a, b
+    a = b = None
     torch.cuda.empty_cache()
     return bw, peak
 
@@ -143,7 +143,8 @@ def ext_calls(ext, q, kv, kv8, idx):
                 f = ext["flashmla_bf16"]
                 kv_1 = kv.view(-1, 1, 576)
                 idx3 = idx.view(T, 1, TOPK)
-                calls["flashmla_bf16"] = lambda f=f, kv_1=kv_1, idx3=idx3: f(qp, kv_1, idx3, SCALE, 512, None, None, None)
+                calls["flashmla_bf16"] = lambda f=f, kv_1=kv_1, idx3=idx3: f(qp, kv_1, idx3, SCALE, 512,
+                                                                              None, None, None)
             if "flashmla_fp8" in ext:
                 f8 = ext["flashmla_fp8"]
                 q4 = qp.view(T, 1, qp.shape[1], 576)
@@ -269,7 +270,8 @@ def sweep_shape(a, props, cap, H, T, q, fmt, cache, idx, idx_sets, rec, sweep_ro
         key = ("ours_bf16" if fmt == "bf16" else "ours_fp8") + ("_graph" if a.sweep_graph else "")
         dflt = rec.get(key)
         log(f"SWEEP best {fmt}{'/' + decode if decode else ''} H={H} T={T}: {best['us']:.1f} µs "
-            f"(default {dflt and round(dflt, 1)}) tile={tile_name(sm.FwdTile(**{k[5:]: v for k, v in best.items() if k.startswith('tile_')}))} "
+            f"(default {dflt and round(dflt, 1)}) "
+            f"tile={tile_name(sm.FwdTile(**{k[5:]: v for k, v in best.items() if k.startswith('tile_')}))} "
             f"splits={best['splits']}")
 
 
@@ -328,7 +330,8 @@ def main():
     else:
         props = torch.cuda.get_device_properties(0)
         cap = torch.cuda.get_device_capability(0)
-    log(f"device: {props.name} sm_{cap[0]}{cap[1]} SMs={props.multi_processor_count} L2={props.L2_cache_size >> 20} MiB")
+    log(f"device: {props.name} sm_{cap[0]}{cap[1]} SMs={props.multi_processor_count} "
+        f"L2={props.L2_cache_size >> 20} MiB")
     tcap = OURS_KW.get("capability", cap)  # the capability our kernel's configuration is picked for
     if tcap != cap:
         log(f"our kernel configured as on sm_{tcap[0]}{tcap[1]} (--as-capability)")

@@ -96,7 +96,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
                                               for t in ids[1:]]
     return web.json_response({"id": "x", "object": "text_completion", "created": 0, "model": MODEL,
                               "choices": [choice],
-                              "usage": {"prompt_tokens": len(ids), "completion_tokens": n, "total_tokens": len(ids) + n}})
+                              "usage": {"prompt_tokens": len(ids), "completion_tokens": n,
+                                        "total_tokens": len(ids) + n}})
 
 
 def chat_ids(messages) -> list[int] | web.Response:
@@ -135,7 +136,8 @@ async def chat(request: web.Request) -> web.StreamResponse:
         half = len(out) // 2
         for part in (out[:half], out[half:]):
             chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": MODEL,
-                     "choices": [{"index": 0, "delta": {"role": "assistant", "content": "".join(f" w{t}" for t in part)},
+                     "choices": [{"index": 0,
+                                  "delta": {"role": "assistant", "content": "".join(f" w{t}" for t in part)},
                                   "logprobs": logprobs(part), "finish_reason": None}]}
             await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
         await resp.write(b"data: [DONE]\n\n")
@@ -143,7 +145,8 @@ async def chat(request: web.Request) -> web.StreamResponse:
     return web.json_response({"id": "c", "object": "chat.completion", "created": 0, "model": MODEL,
                               "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                                            "logprobs": logprobs(out), "finish_reason": "length"}],
-                              "usage": {"prompt_tokens": len(ids), "completion_tokens": n, "total_tokens": len(ids) + n}})
+                              "usage": {"prompt_tokens": len(ids), "completion_tokens": n,
+                                        "total_tokens": len(ids) + n}})
 
 
 async def tokenize_endpoint(request: web.Request) -> web.Response:

@@ -8,7 +8,6 @@ unimportable (what they are here).  The selector logic and every validation that
 """
 from __future__ import annotations
 
-import json
 
 import pytest
 

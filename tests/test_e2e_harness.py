@@ -114,7 +114,8 @@ def test_agreement_summary_and_report():
     assert rows["p"]["identical"] == 2 and rows["p"]["of"] == 4 and rows["p"]["max_abs_dlogprob"] == 0.05
     results = {"tp": 1, "arms": {  # one pass each
         "shim-q80-bf16": {"quant": "Q8_0", "kv": "auto", "functional": {"greedy": a, "checks": {"x": True}},
-                          "throughput": [{"concurrency": 1, "requests": 2, "in_len": 3, "out_len": 4, "output_tok_s": 90.0,
+                          "throughput": [{"concurrency": 1, "requests": 2, "in_len": 3, "out_len": 4,
+                                          "output_tok_s": 90.0,
                                           "ttft_ms_median": 1, "ttft_ms_p99": 2, "tpot_ms_median": 3, "tpot_ms_p99": 4,
                                           "errors": 0}]},
         "native-q80-bf16": {"quant": "Q8_0", "kv": "auto", "functional": {"greedy": b, "checks": {"x": False}},
@@ -148,7 +149,8 @@ def test_the_whole_run_on_stand_in_servers(tmp_path):
     shim, native = res["arms"]["shim-q80-bf16"], res["arms"]["native-q80-bf16"]
     assert all(shim["functional"]["checks"].values()) and all(native["functional"]["checks"].values())
     assert res["agreement"]["q80-bf16"]["sparse_600"]["identical"] == e2e.GEN_TOKENS
-    assert [r["concurrency"] for r in shim["throughput"]] == [1, 32, 1, 32, 32, 32] and set(res["throughput_ratio"]["q80-bf16"]) == {"1", "32", "32 (40/1)", "32 (64/256)"}
+    assert ([r["concurrency"] for r in shim["throughput"]] == [1, 32, 1, 32, 32, 32]
+            and set(res["throughput_ratio"]["q80-bf16"]) == {"1", "32", "32 (40/1)", "32 (64/256)"})
     assert shim["load"]["lost"] == 0 and shim["after_load_same_tokens"] and "load" not in native
     assert set(shim["after_load"]) == {"short", "sparse_600", "sparse_3000"}
     assert [r["pass"] for r in shim["throughput"]] == [1, 1, 2, 2, "split", "split"]

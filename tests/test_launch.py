@@ -28,7 +28,8 @@ def _fake_vllm(tmp_path: pathlib.Path, nvidia_smi: str | None = ONE_GPU) -> dict
     anywhere on PATH) and this interpreter as python/python3."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    _tool(bin_dir, "vllm", 'printf "%s\\n" "$@" > "$FAKE_VLLM_ARGS"\necho "PYTHONPATH=$PYTHONPATH" >> "$FAKE_VLLM_ARGS"')
+    _tool(bin_dir, "vllm",
+          'printf "%s\\n" "$@" > "$FAKE_VLLM_ARGS"\necho "PYTHONPATH=$PYTHONPATH" >> "$FAKE_VLLM_ARGS"')
     for name in ("python", "python3"):
         _tool(bin_dir, name, f'exec "{sys.executable}" "$@"')
     env = {k: v for k, v in os.environ.items()
@@ -242,5 +243,6 @@ def test_a_check_that_cannot_run_warns_and_leaves_the_verdict_to_vllm(tmp_path: 
     _tool(tmp_path / "bin", "python", 'echo "ModuleNotFoundError: No module named gguf" >&2; exit 1')
     proc = subprocess.run([str(LAUNCH), str(tiny_gguf)], env=env, capture_output=True, text=True)
     assert proc.returncode == 0 and _vllm_args(tmp_path)[:2] == ["serve", str(tiny_gguf)]
-    assert proc.stderr.splitlines() == ["ModuleNotFoundError: No module named gguf",
-                                        "launch.sh: WARNING: the GGUF check failed to run (exit 1); starting vLLM anyway"]
+    assert proc.stderr.splitlines() == [
+        "ModuleNotFoundError: No module named gguf",
+        "launch.sh: WARNING: the GGUF check failed to run (exit 1); starting vLLM anyway"]

@@ -31,8 +31,10 @@ for name, cap, has_dg in CASES:
     iu.has_deep_gemm = (lambda v=has_dg: v)
     triton_indexer_reason.cache_clear()
     results[name] = {"reason": triton_indexer_reason(),
-                     "prefill": where(lambda: sai.fp8_fp4_mqa_logits((None, None), (None, None), None, None, None, False)),
-                     "decode": where(lambda: sai.fp8_fp4_paged_mqa_logits((None, None), None, None, None, None, None, 64, False)),
+                     "prefill": where(lambda: sai.fp8_fp4_mqa_logits((None, None), (None, None), None, None, None,
+                                                                      False)),
+                     "decode": where(lambda: sai.fp8_fp4_paged_mqa_logits((None, None), None, None, None, None, None,
+                                                                           64, False)),
                      "op_builds": sai.has_deep_gemm(), "builder_asks_deepgemm": idx.has_deep_gemm()}
 print(json.dumps(results))
 """

@@ -32,7 +32,8 @@ def _fused_layer(arrival: list[int]) -> torch.nn.Module:
 def _rows_as_apply_reads_them(layer) -> list[int]:
     """GGUFLinearMethod.apply's walk: shards in qweight.shard_id order, each located through shard_offset_map."""
     q = layer.qweight
-    return [int(q[start:end, :size].unique().item()) for start, end, size in (q.shard_offset_map[i] for i in q.shard_id)]
+    return [int(q[start:end, :size].unique().item())
+            for start, end, size in (q.shard_offset_map[i] for i in q.shard_id)]
 
 
 @pytest.fixture

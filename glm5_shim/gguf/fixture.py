@@ -593,7 +593,8 @@ def make_tiny(out_path: str | Path, quant: str = "Q8_0", layers: int = 3, shards
         writer.add_tensor(name, data, raw_dtype=raw_dtype)
     if "general.size_label" not in (metadata_overrides or {}):
         size_label = gguf.size_label(*writer.get_total_parameter_count()[:3], config["n_routed_experts"])
-        metadata = _insert_after(metadata, "general.name", "general.size_label", (size_label, gguf.GGUFValueType.STRING))
+        metadata = _insert_after(metadata, "general.name", "general.size_label",
+                                 (size_label, gguf.GGUFValueType.STRING))
     for key, (value, vtype) in metadata.items():
         if key == "general.architecture":
             writer.kv_data[0].pop(key, None)  # the writer set it already; replace without a warning

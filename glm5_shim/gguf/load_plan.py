@@ -131,7 +131,8 @@ def _plan_one(info: TensorInfo, spec: TensorSpec, where: str) -> PlannedTensor:
     if spec.role == ROLE_MTP:
         return PlannedTensor(info, spec, SKIP, spec.hf_name, "MTP block")
     if spec.role == ROLE_SHARED_INDEXER:
-        return PlannedTensor(info, spec, SKIP, spec.hf_name, "shared-indexer layer: reuses the previous full layer's top-k")
+        return PlannedTensor(info, spec, SKIP, spec.hf_name,
+                             "shared-indexer layer: reuses the previous full layer's top-k")
     if tuple(info.shape) != tuple(spec.shape):
         raise GGUFError(f"{loc}: shape {list(info.shape)}, expected {list(spec.shape)} from the metadata")
     if spec.role == ROLE_REBUILD_KV_B:

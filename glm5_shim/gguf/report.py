@@ -174,7 +174,8 @@ def format_report(report: dict[str, Any]) -> str:
         if "clean" in split:
             lines.append(f"tensor-parallel sizes whose row-parallel weights split on whole blocks: "
                          f"{', '.join(map(str, split['clean'])) or 'none'}"
-                         + (f" (with --enable-expert-parallel: {', '.join(map(str, split['clean_with_expert_parallel']))})"
+                         + (" (with --enable-expert-parallel: "
+                            f"{', '.join(map(str, split['clean_with_expert_parallel']))})"
                             if split["clean_with_expert_parallel"] != split["clean"] else ""))
             for tp, line in split["first_problem"].items():
                 lines.append(f"  TP{tp}: {line}")

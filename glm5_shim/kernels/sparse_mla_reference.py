@@ -130,7 +130,8 @@ def sparse_mla_flops(num_tokens: int, num_heads: int, num_valid: int) -> int:
 def sparse_mla_bytes(num_tokens: int, num_valid: int, kv_format: str, num_heads: int = 0, q_bytes: int = 2) -> int:
     """Compulsory HBM traffic: gathered KV rows + q in + out."""
     row = FP8_ROW_BYTES if kv_format == "fp8_ds_mla" else D_QK * 2
-    return num_tokens * num_valid * row + num_tokens * num_heads * (D_QK + D_LATENT) * q_bytes + 4 * num_tokens * num_valid
+    return (num_tokens * num_valid * row + num_tokens * num_heads * (D_QK + D_LATENT) * q_bytes
+            + 4 * num_tokens * num_valid)
 
 
 __all__ = ["dequant_fp8_ds_mla", "fp8_ds_mla_rope_dtype", "quantize_fp8_ds_mla", "sparse_mla_reference",

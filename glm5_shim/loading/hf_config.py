@@ -128,7 +128,8 @@ def _validated_config(path: str | os.PathLike) -> dict:
     if errors:
         from glm5_shim.gguf.errors import GGUFError
 
-        more = f" (and {len(errors) - 1} more problem(s): python -m glm5_shim inspect {path})" if len(errors) > 1 else ""
+        more = (f" (and {len(errors) - 1} more problem(s): python -m glm5_shim inspect {path})"
+                if len(errors) > 1 else "")
         raise GGUFError(errors[0].message + more)
     return build_hf_config(model)
 

@@ -6,7 +6,8 @@ the same types and the same metadata keys; and vLLM, through the shim, must load
 values they store.  Where a `llama-quantize` build is named by LLAMA_QUANTIZE (it needs a C++ build, so CI has
 none), its presets are checked the same way.
 
-CI must run the converter: there (CI or GLM5_SHIM_CI set; .ci/run sets the latter) a missing sdist fails; elsewhere it skips with the reason.
+CI must run the converter: there (CI or GLM5_SHIM_CI set; .ci/run sets the latter) a missing sdist fails;
+elsewhere it skips with the reason.
 """
 from __future__ import annotations
 
@@ -198,7 +199,8 @@ def test_the_converters_glm52_files_validate(real52):
         for mode in ("whole", "no-mtp"):  # BF16 routed experts are re-quantized at load: one warning each
             findings = validate(files[(mode, outtype)])
             assert all(f.level != ERROR for f in findings), findings
-            assert all("routed experts are BF16" in f.message for f in findings) and bool(findings) == (outtype == "BF16")
+            assert (all("routed experts are BF16" in f.message for f in findings)
+                    and bool(findings) == (outtype == "BF16"))
         mtp_only = files[("mtp", outtype)]
         findings = validate(mtp_only)
         assert [f.level for f in findings] == [ERROR]

@@ -38,7 +38,7 @@ def _example_args(kernel: str, dtype_name: str, kv_format: str, cfg):
     import torch
 
     dt = getattr(torch, dtype_name)
-    H, K, T, bs, nb = 64, 2048, 4, 64, 8
+    H, K, bs, nb = 64, 2048, 64, 8
     c = cfg.as_dict()
     if kernel == "fwd":
         partial = c["WRITE_PARTIAL"]

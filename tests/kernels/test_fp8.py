@@ -46,7 +46,8 @@ def test_triton_decoder_all_256_bytes():
     assert torch.equal(out[finite], ref[finite])
 
 
-@pytest.mark.parametrize("cap,native", [((8, 0), False), ((8, 6), False), ((8, 9), True), ((9, 0), True), ((12, 0), True)])
+@pytest.mark.parametrize("cap,native",
+                         [((8, 0), False), ((8, 6), False), ((8, 9), True), ((9, 0), True), ((12, 0), True)])
 def test_native_fp8_gate(cap, native):
     assert native_fp8_supported(cap) is native
 

@@ -11,7 +11,6 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import ast
 import importlib.util
 import pathlib
-import warnings
 
 import pytest
 import torch

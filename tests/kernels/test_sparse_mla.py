@@ -36,7 +36,8 @@ from glm5_shim.kernels.sparse_mla_reference import (dequant_fp8_ds_mla, fp8_ds_m
 # the interpreter converts 0-d arrays to ints in loops; numpy >= 1.25 warns about it thousands of times
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
 
-TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 1e-4), torch.bfloat16: (8e-3, 2e-3)}  # bf16: out stored in bf16
+# bf16: out stored in bf16
+TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 1e-4), torch.bfloat16: (8e-3, 2e-3)}
 
 
 def _make_case(T, H, K, dtype, kv_format, *, num_blocks=None, block_size=16, invalid_frac=0.25,
