@@ -54,6 +54,13 @@ class IndexerLayout:
                 f"layer's top-k; {self.source})")
 
 
+def layer_shares_topk(config: dict[str, Any], layer: int) -> bool:
+    """A trunk layer that reuses the previous full layer's top-k (config indexer_types, as build_hf_config writes it
+    and GLM-5.2's checkpoint lists it); the MTP block and every layer of a GLM-5 / 5.1 config run their own indexer."""
+    types = config.get("indexer_types")
+    return bool(types) and 0 <= layer < len(types) and types[layer] == "shared"
+
+
 def indexer_layout(model: GGUFModel, num_hidden_layers: int | None = None) -> IndexerLayout:
     """The file's indexer layout: its glm-dsa.attention.indexer.types key, or llama.cpp's rule without it."""
     md = _Metadata(model)
@@ -264,14 +271,18 @@ def _special_token_ids(model: GGUFModel) -> dict[str, Any]:
     return out
 
 
-def _trunk_without_mtp_block(model: GGUFModel, config: dict[str, Any]) -> bool:
-    """nextn_predict_layers > 0, the trunk's last block present and no tensor of the MTP block: what llama.cpp loads
-    as a "trunk-only" file (MTP tensors optional when blk.{n_layer}.nextn.eh_proj.weight is absent)."""
+def mtp_block_absent(model: GGUFModel, config: dict[str, Any]) -> bool:
+    """nextn_predict_layers > 0 but no tensor of the MTP block in the file: what llama.cpp loads as a "trunk-only"
+    file (MTP tensors optional when blk.{n_layer}.nextn.eh_proj.weight is absent)."""
     n_layers, n_mtp = config["num_hidden_layers"], config["num_nextn_predict_layers"]
-    if n_mtp <= 0 or f"blk.{n_layers - 1}.attn_norm.weight" not in model.tensors:
-        return False
     prefixes = tuple(f"blk.{layer}." for layer in range(n_layers, n_layers + n_mtp))
-    return not any(name.startswith(prefixes) for name in model.tensors)
+    return n_mtp > 0 and not any(name.startswith(prefixes) for name in model.tensors)
+
+
+def _trunk_without_mtp_block(model: GGUFModel, config: dict[str, Any]) -> bool:
+    """A trunk-only file whose trunk is whole up to its last block (block_count then counts a block that is absent)."""
+    last_trunk = f"blk.{config['num_hidden_layers'] - 1}.attn_norm.weight"
+    return last_trunk in model.tensors and mtp_block_absent(model, config)
 
 
 def config_shape_problems(model: GGUFModel, config: dict[str, Any]) -> list[str]:

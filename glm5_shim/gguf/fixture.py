@@ -27,7 +27,7 @@ from ._tiny_corpus import TINY_CORPUS
 from .kquants import quantize_q2_k, quantize_q3_k, quantize_q4_k, quantize_q5_k, quantize_q6_k
 from glm5_shim.names import GGUF_ARCH, HF_ARCHITECTURE, HF_MODEL_TYPE
 
-from .config import INDEXER_TYPES_KEY, glm52_layer_is_full
+from .config import INDEXER_TYPES_KEY, glm52_layer_is_full, layer_shares_topk
 from .kv_b import rebuild_kv_b, split_kv_b
 from .llama_tools import CONVERTER_OUTTYPES, PRESET_FILE_TYPES, QUANTIZE_PRESETS, converter_keeps_f32, \
     converter_order, converter_type, fit_to_row, layer_of, quantize_order, quantize_types
@@ -184,12 +184,6 @@ def tiny_hf_config(*, layers: int, heads: int, index_heads: int, index_topk: int
     return config
 
 
-def shares_topk(config: dict[str, Any], layer: int) -> bool:
-    """A trunk layer that reuses the previous full layer's top-k (and has no indexer weights)."""
-    types = config.get("indexer_types")
-    return bool(types) and layer < len(types) and types[layer] == "shared"
-
-
 def hf_weight_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     """HF checkpoint tensor names → shapes (torch [out, in]); MTP block at index num_hidden_layers."""
     c = config
@@ -212,7 +206,7 @@ def hf_weight_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
             p + "self_attn.kv_b_proj.weight": (heads * (nope + v_dim), c["kv_lora_rank"]),
             p + "self_attn.o_proj.weight": (hidden, heads * v_dim),
         })
-        if not shares_topk(c, layer) or c.get("_shared_indexer_weights"):
+        if not layer_shares_topk(c, layer) or c.get("_shared_indexer_weights"):
             shapes.update({
                 p + "self_attn.indexer.wq_b.weight": (c["index_n_heads"] * c["index_head_dim"], c["q_lora_rank"]),
                 p + "self_attn.indexer.wk.weight": (c["index_head_dim"], hidden),

@@ -40,6 +40,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .config import layer_shares_topk
+
 GIB = 1 << 30
 MIB = 1 << 20
 
@@ -140,10 +142,9 @@ def indexer_bytes_per_token(config: dict[str, Any]) -> int:
 def indexer_layers(config: dict[str, Any], *, shim: bool = True) -> int:
     """Trunk layers that keep an indexer K cache: with the shim the full ones (config indexer_types), else all."""
     layers = config["num_hidden_layers"]
-    types = config.get("indexer_types")
-    if not shim or not types:
+    if not shim:
         return layers
-    return sum(1 for t in types if t == "full")
+    return sum(not layer_shares_topk(config, layer) for layer in range(layers))
 
 
 def kv_bytes_per_token(config: dict[str, Any], kv_dtype: str, n_indexer_layers: int | None = None) -> int:

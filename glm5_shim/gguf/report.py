@@ -30,8 +30,8 @@ from .config import build_hf_config, indexer_layout
 from .dequant import is_float_type
 from .errors import GGUFError
 from .load_plan import plan_load
-from .memory import GIB, ServeAssumptions, context_table, format_context_table, indexer_bytes_per_token, \
-    mla_bytes_per_token
+from . import memory
+from .memory import GIB, ServeAssumptions, context_table, format_context_table
 from .reader import GLM_DSA_ARCH, GGUFModel, open_gguf
 from .tensor_map import ROLE_EXPERTS, ROLE_FORCE_FLOAT, ROLE_REBUILD_KV_B, ROLE_SHARED_INDEXER, TP_REPLICATED, \
     build_tensor_map
@@ -64,21 +64,16 @@ def weight_bytes_per_gpu(model: GGUFModel, config: dict[str, Any], tp_sizes=TP_S
 def kv_cache_bytes_per_token(config: dict[str, Any], indexer_layers: int | None = None) -> dict[str, int]:
     """KV-cache bytes per token on each rank (rule in the module docstring).  indexer_layers: the layers that keep
     an indexer K cache; default: the full ones of config["indexer_types"], all layers without it."""
-    layers = config["num_hidden_layers"]
     if indexer_layers is None:
-        types = config.get("indexer_types")
-        indexer_layers = sum(t == "full" for t in types) if types else layers
-    mla_bf16 = mla_bytes_per_token(config, "bf16")
-    mla_fp8 = mla_bytes_per_token(config, "fp8_ds_mla")
-    indexer = indexer_bytes_per_token(config)
+        indexer_layers = memory.indexer_layers(config)
     return {
-        "layers": layers,
-        "mla_bf16_per_layer": mla_bf16,
-        "mla_fp8_ds_mla_per_layer": mla_fp8,
-        "indexer_per_layer": indexer,
+        "layers": config["num_hidden_layers"],
+        "mla_bf16_per_layer": memory.mla_bytes_per_token(config, "bf16"),
+        "mla_fp8_ds_mla_per_layer": memory.mla_bytes_per_token(config, "fp8_ds_mla"),
+        "indexer_per_layer": memory.indexer_bytes_per_token(config),
         "indexer_layers": indexer_layers,
-        "total_bf16": mla_bf16 * layers + indexer * indexer_layers,
-        "total_fp8_ds_mla": mla_fp8 * layers + indexer * indexer_layers,
+        "total_bf16": memory.kv_bytes_per_token(config, "bf16", indexer_layers),
+        "total_fp8_ds_mla": memory.kv_bytes_per_token(config, "fp8_ds_mla", indexer_layers),
     }
 
 

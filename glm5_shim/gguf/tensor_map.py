@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from .config import layer_shares_topk
+
 ROLE_NORMAL = "normal"
 ROLE_REBUILD_KV_B = "rebuild-kv_b"
 ROLE_FORCE_FLOAT = "force-float"
@@ -137,7 +139,6 @@ def build_tensor_map(config: dict[str, Any], *, include_mtp: bool = True) -> Ten
     shared_inter = moe_inter * c["n_shared_experts"]
     n_layers = c["num_hidden_layers"]
     n_mtp = c.get("num_nextn_predict_layers", 0) if include_mtp else 0
-    indexer_types = c.get("indexer_types") or ["full"] * n_layers
 
     specs: list[TensorSpec] = [
         TensorSpec("token_embd.weight", "model.embed_tokens.weight", (vocab, hidden), ROLE_NORMAL, tp_split=TP_COLUMN),
@@ -182,7 +183,7 @@ def build_tensor_map(config: dict[str, Any], *, include_mtp: bool = True) -> Ten
         add("attn_kv_b.weight", "self_attn.kv_b_proj.weight", (heads * (nope + v_dim), kv_lora), ROLE_REBUILD_KV_B,
             required=False, tp=TP_COLUMN)
         add("attn_output.weight", "self_attn.o_proj.weight", (hidden, heads * v_dim), tp=TP_ROW)
-        if not is_mtp and indexer_types[layer] == "shared":
+        if layer_shares_topk(c, layer):
             for suffix, hf_suffix, shape in (
                     ("attn_q_b.weight", "wq_b.weight", (index_heads * index_dim, q_lora)),
                     ("attn_k.weight", "wk.weight", (index_dim, hidden)),

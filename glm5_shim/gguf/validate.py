@@ -17,7 +17,7 @@ from pathlib import Path
 
 import gguf
 
-from .config import build_hf_config, config_shape_problems, indexer_layout
+from .config import build_hf_config, config_shape_problems, indexer_layout, mtp_block_absent
 from .dequant import VLLM_DEQUANT_TYPES, VLLM_RUNNABLE_TYPES, can_dequantize, is_float_type
 from .errors import GGUFError
 from .reader import GLM_DSA_ARCH, GGUFModel, open_gguf
@@ -151,14 +151,13 @@ def _without_mtp_block(model: GGUFModel, tensor_map: TensorMap, findings: list[F
     "trunk-only": no blk.{n_layer}.nextn.eh_proj.weight): one warning instead of one per MTP tensor; the loader
     skips that block anyway.  Findings of a partly present MTP block are kept as they are."""
     config = tensor_map.config
-    mtp_layers = _mtp_layers(config)
-    if not mtp_layers or any(layer_of(name) in mtp_layers for name in model.tensors):
+    if not mtp_block_absent(model, config):
         return findings
     absent = [f for f in findings if f.level == WARNING and f.tensor is not None and f.tensor not in model.tensors
               and (spec := tensor_map.get(f.tensor)) is not None and spec.is_mtp]
     if not absent:
         return findings
-    blocks = " ".join(f"blk.{layer}" for layer in mtp_layers)
+    blocks = " ".join(f"blk.{layer}" for layer in _mtp_layers(config))
     key = f"{model.architecture}.nextn_predict_layers"
     note = Finding(WARNING, f"{model.path}: metadata key {key} is {config['num_nextn_predict_layers']} but the "
                             f"multi-token-prediction block {blocks} has no tensors here (a trunk-only file, e.g. "

@@ -29,6 +29,10 @@ def _check(module) -> None:
     require_attr(module, "extract_layer_index", _TARGET)
 
 
+def _serves_gguf(vllm_config) -> bool:
+    return getattr(getattr(vllm_config, "model_config", None), "quantization", None) == "gguf"
+
+
 def _apply(module, patch: Patch) -> None:
     from glm5_shim.attention.shared_indexer import SharedTopkIndexer, layer_skips_topk
 
@@ -40,8 +44,7 @@ def _apply(module, patch: Patch) -> None:
         bound = signature.bind(None, *args, **kwargs)
         config, prefix = bound.arguments["config"], bound.arguments.get("prefix", "")
         vllm_config = bound.arguments["vllm_config"]
-        is_gguf = getattr(getattr(vllm_config, "model_config", None), "quantization", None) == "gguf"
-        if is_gguf and layer_skips_topk(config, module.extract_layer_index(prefix)):
+        if _serves_gguf(vllm_config) and layer_skips_topk(config, module.extract_layer_index(prefix)):
             if not reported:
                 reported.append(True)
                 from vllm.logger import init_logger
@@ -66,10 +69,9 @@ def _apply(module, patch: Patch) -> None:
         if indexer is None:
             return
         vllm_config = init_signature.bind(self, *args, **kwargs).arguments["vllm_config"]
-        is_gguf = getattr(getattr(vllm_config, "model_config", None), "quantization", None) == "gguf"
         shared = isinstance(indexer, SharedTopkIndexer)
         skips = bool(getattr(self.mla_attn, "skip_topk", False))
-        if shared != skips and (shared or is_gguf):
+        if shared != skips and (shared or _serves_gguf(vllm_config)):
             raise RuntimeError(f"glm5-shim: {getattr(indexer, 'prefix', 'an attention layer')}: vLLM "
                                f"{'skips' if skips else 'runs'} this layer's DSA indexer but the shim built "
                                f"{'no' if shared else 'an'} indexer for it; refusing to start")
