@@ -20,6 +20,13 @@ except Exception:
 if not _has_cuda:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Interpreter kernel tests (tests/kernels) and GPU kernel tests (tests/gpu) must never share a process: Triton
+# decorates a kernel once, for the interpreter or for compilation, at import.  Where a GPU is visible this
+# process compiles, so tests/kernels is not collected here; tests/test_interpreter_suite.py runs it in a child
+# process with the GPU hidden.
+INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+collect_ignore_glob = [] if INTERPRETING else ["kernels/*"]
+
 
 def _has_gpu() -> bool:
     return _has_cuda

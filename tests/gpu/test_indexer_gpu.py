@@ -12,6 +12,8 @@ from glm5_shim.kernels import indexer_logits as il
 from glm5_shim.kernels import indexer_logits_reference as ref
 
 pytestmark = pytest.mark.gpu
+# every test must run one of these compiled (tests/gpu/conftest.py)
+COMPILED_KERNELS = ("_mqa_logits_kernel", "_paged_mqa_logits_kernel")
 
 # fp8 tensor-core accumulation (Hopper keeps ~14 mantissa bits inside a wgmma chain) and fp32 head sums; a wrong
 # index, scale or block would be off by O(1) of the bound.

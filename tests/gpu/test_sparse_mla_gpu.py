@@ -17,6 +17,7 @@ import pytest
 import torch
 
 pytestmark = pytest.mark.gpu
+COMPILED_KERNELS = ("_sparse_mla_fwd_kernel",)  # every test must run it compiled (tests/gpu/conftest.py)
 
 TOL = {torch.bfloat16: (8e-3, 2e-3), torch.float16: (3e-3, 1e-3)}
 TOL_FP16_Q_AS_BF16 = (8e-3, 1e-2)  # fp16 queries on the fp8 cache: see above
@@ -192,6 +193,7 @@ def test_cuda_graph_capture_and_replay(kv_format):
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
 
 
+@pytest.mark.compiled_kernels("both")
 def test_ptx_decodes_match_the_portable_ones_on_all_bytes():
     import triton
     import triton.language as tl

@@ -1,6 +1,3 @@
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
 import torch

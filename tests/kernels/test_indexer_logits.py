@@ -6,8 +6,6 @@ every run (seeded per test only so that a failure can be reproduced).
 """
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
 import ast
 import importlib.util
 import pathlib
