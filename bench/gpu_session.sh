@@ -25,6 +25,14 @@ if ls .whl/*.whl > /dev/null 2>&1; then
 fi
 nvidia-smi -L | tee -a "$OUT/session.log"
 python -m glm5_shim doctor >> "$OUT/session.log" 2>&1
+if [[ " $steps " == *" interp "* ]]; then
+  # the interpreter kernel tests, in the child process tests/test_interpreter_suite.py starts (GPU hidden there);
+  # CPU only, so it runs in the background next to the GPU steps
+  log "interpreter suite (background)"
+  (timeout ${INTERP_TIMEOUT:-900} python -m pytest -q tests/test_interpreter_suite.py -p no:cacheprovider 2>&1 \
+    | tail -30 > "$OUT/interp_tests.log") &
+  INTERP_PID=$!
+fi
 if [[ " $steps " == *" tests "* ]]; then
   log tests; timeout ${TESTS_TIMEOUT:-900} python -m pytest -q ${GPU_TESTS:-tests/gpu} -p no:cacheprovider 2>&1 | tail -80 > "$OUT/gpu_tests.log"
 fi
@@ -39,6 +47,12 @@ if [[ " $steps " == *" bench "* ]]; then
   if [[ " ${BENCHES:-sparse_mla indexer} " == *" indexer "* ]]; then
     log indexer; timeout 900 python bench/indexer.py --out /tmp/bench_indexer >> "$OUT/session.log" 2>&1
     cp /tmp/bench_indexer/*.md "$OUT/indexer.md" 2>/dev/null
+  fi
+  if [[ " ${BENCHES:-sparse_mla indexer} " == *" gguf "* ]]; then
+    log "gguf_matmul ${GGUF_ARGS:-}"
+    timeout ${GGUF_TIMEOUT:-600} python bench/gguf_matmul.py --out /tmp/bench_gguf ${GGUF_ARGS:-} \
+      > "$OUT/gguf_matmul.log" 2>&1
+    cp /tmp/bench_gguf/gguf_matmul.md /tmp/bench_gguf/gguf_matmul.json "$OUT/" 2>/dev/null
   fi
 fi
 if [[ " $steps " == *" e2e "* ]]; then
@@ -55,4 +69,5 @@ if [[ " $steps " == *" e2e "* ]]; then
   E2E_RESULTS=/tmp/e2e_run timeout 120 python -m pytest -q tests/gpu/test_e2e_serve.py -p no:cacheprovider 2>&1 \
     | tail -40 >> "$OUT/gpu_tests.log"
 fi
+if [[ -n "${INTERP_PID:-}" ]]; then log "waiting for the interpreter suite"; wait "$INTERP_PID"; fi
 log done

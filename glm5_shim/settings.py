@@ -49,12 +49,18 @@ def indexer_choice() -> str:
     return _choice("GLM5_SHIM_INDEXER", ("auto", "triton"), "auto")
 
 
+def gguf_kernels_choice() -> str:
+    """GLM5_SHIM_GGUF_KERNELS: shim (the shim's Triton kernels for the GGUF types they cover) | vllm (vLLM's own)."""
+    return _choice("GLM5_SHIM_GGUF_KERNELS", ("shim", "vllm"), "shim")
+
+
 ENV_SWITCHES = {
     "GLM5_SHIM": "0 disables the shim entirely (vLLM is stock)",
     "GLM5_SHIM_FORCE": "1 patches a vLLM other than 0.23.x",
     "GLM5_SHIM_GGUF_BF16": "1 allows an explicit --dtype bfloat16 for GGUF on compute capability >= 10",
     "GLM5_SHIM_ATTENTION": "auto | triton: force the shim's sparse-MLA backend on any GPU",
     "GLM5_SHIM_INDEXER": "auto | triton: force the shim's Triton indexer on any GPU",
+    "GLM5_SHIM_GGUF_KERNELS": "shim | vllm: GGUF matmuls on the shim's kernels (default) or vLLM's ggml kernels",
     "GLM5_SHIM_CACHE": "where tokenizers rebuilt from GGUFs are kept (default ~/.cache/glm5_shim)",
 }
 

@@ -11,6 +11,7 @@ PATCH_MODULES = (
     "dtype_gate",
     "gguf_loader",
     "gguf_shard_order",
+    "gguf_kernels",
     "shared_indexer",
     "tp_split_check",
     "attention_selector",

@@ -1,0 +1,337 @@
+"""GGUF matmuls at GLM-5's real per-rank shapes: the shim's kernels vs vLLM's ggml kernels vs vLLM on bf16 weights.
+
+    python bench/gguf_matmul.py --out DIR [--quick] [--types Q4_K,Q6_K] [--tokens 1,32,256]
+
+MoE: one layer's routed experts per rank (256 experts, top 8, hidden 6144, expert width 2048 / TP) at TP 8 and
+TP 4.  Dense: the per-rank linears of a GLM-5 layer at TP 8 (lm_head, q_a+kv_a, q_b, o_proj, indexer wq_b, shared
+expert, dense MLP).  Every timed call must read its weights from HBM: MoE calls cycle through routings drawn
+afresh (each call touches other experts), dense calls cycle through enough weight copies to exceed L2.  Each row
+is timed as a CUDA graph of the whole cycle (replays / calls = µs a call), after checking the shim's output
+against vLLM's bf16 computation on the dequantized weights.
+
+floor = bytes of the distinct weights a call must read / copy bandwidth measured in this run (read + write bytes
+per second of a 2 GiB device copy); for large T also the tensor-core floor (2 * flops / dense bf16 peak).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+import triton  # noqa: E402
+import triton.testing  # noqa: E402
+
+from glm5_shim.kernels import gguf_matmul as gm  # noqa: E402
+
+TYPES = {"Q4_K": gm.Q4_K, "Q6_K": gm.Q6_K, "Q5_K": gm.Q5_K, "Q8_0": gm.Q8_0}
+TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096)
+HIDDEN, EXPERTS, TOP_K, EXPERT_WIDTH = 6144, 256, 8, 2048
+BF16_PEAK = {(9, 0): 989e12, (12, 0): 503e12}  # dense bf16 tensor FLOP/s (H200 SXM; RTX PRO 6000 published)
+L2_BYTES = 60 << 20
+ALIGN = None  # vLLM's moe_align_block_size when it imports (what serving uses), else the shim's torch version
+# per-rank dense linears of one GLM-5 layer at TP 8: name -> (N, K)
+DENSE_TP8 = {
+    "lm_head": (154880 // 8, HIDDEN),
+    "q_a+kv_a": (2048 + 576, HIDDEN),
+    "q_b": (64 // 8 * 256, 2048),
+    "o_proj": (HIDDEN, 64 // 8 * 256),
+    "indexer wq_b": (32 * 128, 2048),
+    "shared gate_up": (2 * EXPERT_WIDTH // 8, HIDDEN),
+    "shared down": (HIDDEN, EXPERT_WIDTH // 8),
+    "dense gate_up": (2 * 12288 // 8, HIDDEN),
+    "dense down": (HIDDEN, 12288 // 8),
+}
+
+
+def random_blocks_cuda(qtype: int, shape: tuple[int, ...], k: int, gen: torch.Generator) -> torch.Tensor:
+    """Random valid GGUF blocks on the GPU (finite fp16 scales ~1e-3): [*shape, row bytes] uint8."""
+    values, nbytes = gm.block_bytes(qtype)
+    nblocks = k // values
+    raw = torch.randint(0, 256, (*shape, nblocks, nbytes), dtype=torch.uint8, device="cuda", generator=gen)
+    fields = {gm.Q8_0: (0,), gm.Q4_K: (0, 2), gm.Q5_K: (0, 2), gm.Q6_K: (208,)}[qtype]
+    for off in fields:
+        s = (torch.rand(*shape, nblocks, device="cuda", generator=gen) + 0.5) * 1e-3
+        raw[..., off:off + 2] = s.to(torch.float16).view(torch.uint8).view(*shape, nblocks, 2)
+    return raw.view(*shape, nblocks * nbytes)
+
+
+def copy_bandwidth() -> float:
+    n = 1 << 31
+    src = torch.empty(n, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    t = triton.testing.do_bench(lambda: dst.copy_(src), warmup=10, rep=100, return_mode="median") * 1e-3
+    src = dst = None
+    torch.cuda.empty_cache()
+    return 2 * n / t
+
+
+def graph_us(calls: list, reps: int = 5) -> float:
+    """µs per call of a CUDA graph replaying ``calls`` in order (each a no-arg callable)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for c in calls[:2]:
+            c()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for c in calls:
+            c()
+    graph.replay()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) * 1e3 / len(calls))
+    graph.reset()
+    return best
+
+
+def vllm_gguf():
+    try:
+        from vllm.model_executor.layers.quantization import gguf as vg
+        return vg
+    except Exception as e:  # noqa: BLE001
+        print(f"vLLM's GGUF module does not import: {type(e).__name__}: {e}")
+        return None
+
+
+def vllm_bf16_moe():
+    try:
+        from vllm.model_executor.layers.fused_moe.fused_moe import fused_experts
+        return fused_experts
+    except Exception as e:  # noqa: BLE001
+        print(f"vLLM's fused_experts does not import: {type(e).__name__}: {e}")
+        return None
+
+
+def dequant_cuda(vg, q: torch.Tensor, qtype: int, k: int) -> torch.Tensor:
+    from vllm import _custom_ops as ops
+    flat = q.reshape(-1, q.shape[-1])
+    w = ops.ggml_dequantize(flat, qtype, flat.shape[0], k, torch.bfloat16)
+    return w.reshape(*q.shape[:-1], k)
+
+
+def vllm_align():
+    try:
+        from vllm.model_executor.layers.fused_moe.moe_align_block_size import moe_align_block_size
+        return moe_align_block_size
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def routings(t: int, count: int, gen: torch.Generator):
+    ids, wts = [], []
+    for _ in range(count):
+        logits = torch.rand(t, EXPERTS, device="cuda", generator=gen)
+        w, i = logits.topk(TOP_K, dim=1)
+        ids.append(i.to(torch.int32))
+        wts.append((w / w.sum(1, keepdim=True)).float())
+    return ids, wts
+
+
+def bench_moe(tp: int, type_names, tokens, bw, peak, gen, vg, bf16_moe, rows):
+    inter = EXPERT_WIDTH // tp
+    for name in type_names:
+        qt = TYPES[name]
+        w13 = random_blocks_cuda(qt, (EXPERTS, 2 * inter), HIDDEN, gen)
+        w2 = random_blocks_cuda(qt, (EXPERTS, HIDDEN), inter, gen)
+        expert_bytes = w13[0].numel() + w2[0].numel()
+        w13_bf = dequant_cuda(vg, w13, qt, HIDDEN) if vg else None
+        w2_bf = dequant_cuda(vg, w2, qt, inter) if vg else None
+        for t in tokens:
+            cycle = max(4, min(64, 4096 // t))
+            ids, wts = routings(t, cycle, gen)
+            x = (torch.randn(t, HIDDEN, device="cuda", generator=gen) * 0.5).to(torch.bfloat16)
+            xh = x.half()
+            distinct = sum(int(i.unique().numel()) for i in ids) / cycle
+            floor = distinct * expert_bytes / bw * 1e6
+            flops = 2 * t * TOP_K * (HIDDEN * 2 * inter + inter * HIDDEN)
+            tc_floor = flops / peak * 1e6
+            row = dict(kind="moe", tp=tp, type=name, T=t, floor_us=floor, tc_floor_us=tc_floor)
+            ours = gm.gguf_moe(x, w13, w2, wts[0], ids[0], qt, qt, align=ALIGN)
+            if bf16_moe is not None:
+                want = bf16_moe(x, w13_bf, w2_bf, wts[0], ids[0])
+                row["rel_err_vs_bf16"] = ((ours.float() - want.float()).norm() / want.float().norm()).item()
+            row["shim_us"] = graph_us([lambda i=i, w=w: gm.gguf_moe(x, w13, w2, w, i, qt, qt, align=ALIGN)
+                                       for i, w in zip(ids, wts)])
+            if vg is not None:
+                try:
+                    row["vllm_gguf_us"] = graph_us([
+                        lambda i=i, w=w: vg._fused_moe_gguf(xh, w13, w2, w, i, qt, qt, "silu")
+                        for i, w in zip(ids, wts)])
+                except Exception as e:  # noqa: BLE001
+                    row["vllm_gguf_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            if bf16_moe is not None:
+                row["vllm_bf16_us"] = graph_us([lambda i=i, w=w: bf16_moe(x, w13_bf, w2_bf, w, i)
+                                                for i, w in zip(ids, wts)])
+            row["shim_pct_floor"] = 100 * floor / row["shim_us"]
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+        w13 = w2 = w13_bf = w2_bf = None
+        torch.cuda.empty_cache()
+
+
+def bench_dense(type_names, tokens, bw, peak, gen, vg, rows):
+    for lname, (n, k) in DENSE_TP8.items():
+        for name in type_names:
+            qt = TYPES[name]
+            one = gm.row_bytes(qt, k) * n
+            copies = max(2, min(16, -(-2 * L2_BYTES // one)))
+            ws = [random_blocks_cuda(qt, (n,), k, gen) for _ in range(copies)]
+            wbf = [dequant_cuda(vg, w, qt, k) for w in ws] if vg else None
+            for t in tokens:
+                x = (torch.randn(t, k, device="cuda", generator=gen) * 0.5).to(torch.bfloat16)
+                xh = x.half()
+                row = dict(kind="dense", layer=lname, N=n, K=k, type=name, T=t, floor_us=one / bw * 1e6,
+                           tc_floor_us=2 * t * n * k / peak * 1e6)
+                ours = gm.gguf_linear(x, ws[0], qt)
+                if wbf:
+                    want = x @ wbf[0].T
+                    row["rel_err_vs_bf16"] = ((ours.float() - want.float()).norm() / want.float().norm()).item()
+                row["shim_us"] = graph_us([lambda w=w: gm.gguf_linear(x, w, qt) for w in ws] * 2)
+                if vg is not None:
+                    try:
+                        row["vllm_gguf_us"] = graph_us([lambda w=w: vg._fused_mul_mat_gguf(xh, w, qt) for w in ws] * 2)
+                    except Exception as e:  # noqa: BLE001
+                        row["vllm_gguf_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                    row["vllm_bf16_us"] = graph_us([lambda w=w: x @ w.T for w in wbf] * 2)
+                row["shim_pct_floor"] = 100 * row["floor_us"] / row["shim_us"]
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+            ws = wbf = None
+            torch.cuda.empty_cache()
+
+
+_CRASH_SCRIPT = r"""
+import sys, torch
+sys.path.insert(0, ".")
+from bench.gguf_matmul import random_blocks_cuda, routings
+from vllm.model_executor.layers.quantization import gguf as vg
+from glm5_shim.kernels import gguf_matmul as gm
+impl, qt, inter, t = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+gen = torch.Generator(device="cuda").manual_seed(0)
+w13 = random_blocks_cuda(qt, (256, 2 * inter), 6144, gen); w2 = random_blocks_cuda(qt, (256, 6144), inter, gen)
+ids, wts = routings(t, 1, gen)
+x = (torch.randn(t, 6144, device="cuda", generator=gen) * 0.5)
+if impl == "vllm":
+    y = vg._fused_moe_gguf(x.half(), w13, w2, wts[0], ids[0], qt, qt, "silu")
+else:
+    y = gm.gguf_moe(x.bfloat16(), w13, w2, wts[0], ids[0], qt, qt)
+torch.cuda.synchronize()
+print("OK finite=%s" % bool(torch.isfinite(y).all()))
+"""
+
+
+def crash_repro(rows):
+    """vLLM's ggml_moe_a8 (T > 64) at TP-1/TP-2 expert shapes, each in its own process (a crash kills the context)."""
+    for impl in ("vllm", "shim"):
+        for tp in (1, 2):
+            for name in ("Q6_K", "Q4_K"):
+                proc = subprocess.run([sys.executable, "-c", _CRASH_SCRIPT, impl, str(TYPES[name]),
+                                       str(EXPERT_WIDTH // tp), "65"], capture_output=True, text=True, timeout=300,
+                                      cwd=pathlib.Path(__file__).resolve().parents[1])
+                tail = (proc.stdout + proc.stderr).strip().splitlines()
+                result = next((ln for ln in tail if ln.startswith("OK")), None) or (tail[-1][:200] if tail else "")
+                row = dict(kind="crash_repro", impl=impl, tp=tp, type=name, T=65, rc=proc.returncode, result=result)
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+
+
+def fmt(v, d=0):
+    return "—" if v is None else f"{v:.{d}f}"
+
+
+def markdown(rows, bw, device) -> str:
+    out = [f"# GGUF matmuls, {device}, {time.strftime('%Y-%m-%d')}", "",
+           f"copy bandwidth {bw / 1e12:.2f} TB/s; µs per call in CUDA graphs (cycled routings / weight copies); "
+           "floor = distinct weight bytes / bandwidth; % = floor / shim", ""]
+    for tp in (8, 4):
+        mo = [r for r in rows if r["kind"] == "moe" and r["tp"] == tp]
+        if not mo:
+            continue
+        out += [f"## Routed experts, TP {tp} (w13 [256, {2 * EXPERT_WIDTH // tp}, 6144], w2 [256, 6144, "
+                f"{EXPERT_WIDTH // tp}], top 8)", "",
+                "| type | T | shim µs | vLLM GGUF µs | vLLM bf16 µs | floor µs | TC floor µs | shim % floor "
+                "| err vs bf16 |",
+                "|---|---|---|---|---|---|---|---|---|"]
+        for r in mo:
+            vg_us = fmt(r.get("vllm_gguf_us"), 1) if "vllm_gguf_error" not in r else "crash"
+            out.append(f"| {r['type']} | {r['T']} | {fmt(r['shim_us'], 1)} | {vg_us} | {fmt(r.get('vllm_bf16_us'), 1)} "
+                       f"| {fmt(r['floor_us'], 1)} | {fmt(r['tc_floor_us'], 1)} | {fmt(r['shim_pct_floor'])} "
+                       f"| {fmt(r.get('rel_err_vs_bf16'), 4)} |")
+        out.append("")
+    de = [r for r in rows if r["kind"] == "dense"]
+    if de:
+        out += ["## Dense linears, per rank at TP 8", "",
+                "| layer [N, K] | type | T | shim µs | vLLM GGUF µs | vLLM bf16 µs | floor µs | shim % floor "
+                "| err vs bf16 |",
+                "|---|---|---|---|---|---|---|---|---|"]
+        for r in de:
+            vg_us = fmt(r.get("vllm_gguf_us"), 1) if "vllm_gguf_error" not in r else "error"
+            out.append(f"| {r['layer']} [{r['N']}, {r['K']}] | {r['type']} | {r['T']} | {fmt(r['shim_us'], 1)} | "
+                       f"{vg_us} | {fmt(r.get('vllm_bf16_us'), 1)} | {fmt(r['floor_us'], 1)} | "
+                       f"{fmt(r['shim_pct_floor'])} | {fmt(r.get('rel_err_vs_bf16'), 4)} |")
+        out.append("")
+    cr = [r for r in rows if r["kind"] == "crash_repro"]
+    if cr:
+        out += ["## ggml_moe_a8 crash reproduction (T = 65, one process each)", "",
+                "| impl | TP | type | rc | result |",
+                "|---|---|---|---|---|"]
+        out += [f"| {r['impl']} | {r['tp']} | {r['type']} | {r['rc']} | {r['result']} |" for r in cr]
+    return "\n".join(out) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--types", default=",".join(TYPES))
+    ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    ap.add_argument("--parts", default="moe8,moe4,dense,crash")
+    ap.add_argument("--dense-tokens", default="1,8,32,256,4096")
+    args = ap.parse_args()
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    types = args.types.split(",")
+    tokens = [int(t) for t in args.tokens.split(",")]
+    parts = args.parts.split(",")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    bw = copy_bandwidth()
+    cap = torch.cuda.get_device_capability()
+    peak = BF16_PEAK.get(cap, 989e12)
+    device = torch.cuda.get_device_name()
+    print(f"{device} sm_{cap[0]}{cap[1]}: copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
+    vg, bf16_moe = vllm_gguf(), vllm_bf16_moe()
+    global ALIGN
+    ALIGN = vllm_align()
+    rows: list[dict] = []
+    try:
+        if "moe8" in parts:
+            bench_moe(8, types, tokens, bw, peak, gen, vg, bf16_moe, rows)
+        if "moe4" in parts:
+            bench_moe(4, types, tokens, bw, peak, gen, vg, bf16_moe, rows)
+        if "dense" in parts:
+            bench_dense(types, [int(t) for t in args.dense_tokens.split(",")], bw, peak, gen, vg, rows)
+        if "crash" in parts and vg is not None and os.environ.get("GLM5_BENCH_NO_CRASH") is None:
+            crash_repro(rows)
+    finally:
+        (out / "gguf_matmul.json").write_text(json.dumps(dict(device=device, bandwidth=bw, rows=rows), indent=1))
+        (out / "gguf_matmul.md").write_text(markdown(rows, bw, device))
+        print(markdown(rows, bw, device))
+
+
+if __name__ == "__main__":
+    main()

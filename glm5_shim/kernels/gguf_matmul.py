@@ -1,0 +1,339 @@
+"""Matmuls on weights kept in llama.cpp's GGUF block formats: a dense linear and a fused MoE (Triton).
+
+Weights stay exactly as the GGUF stores them (vLLM's ``qweight``: uint8 rows of blocks, one row per output
+feature), so nothing is repacked at load time, no memory is added, and vLLM's own kernels can still read the same
+tensors.  Every program walks K in steps of 128 values; :func:`_weight_tile` turns one step of ``BLOCK_N`` rows
+into a float32 [BLOCK_N, 128] tile in registers (codes, 6-bit scales and fp16 super-scales decoded with integer
+ops), which is cast to the activation dtype and fed to ``tl.dot`` with fp32 accumulation.  The weight is thereby
+rounded once to the activation dtype (bf16: 2**-9 relative, fp16: 2**-12) — the same rounding vLLM's bf16
+weights carry; the activations are not quantized (vLLM's ggml kernels round them to 8 bits first).
+
+Block layouts (``gguf.GGML_QUANT_SIZES``; checked against the ``gguf`` package's dequantizers in the tests):
+* Q8_0, 34 B / 32 values: fp16 d, int8 q[32];                          w = d*q
+* Q4_K, 144 B / 256: fp16 d, fp16 dmin, 12 B of 6-bit (scale, min) for 8 groups of 32, 128 B of nibbles
+  (bytes 32c..32c+31 hold group 2c in their low and group 2c+1 in their high nibbles);  w = d*sc*q - dmin*m
+* Q5_K, 176 B / 256: as Q4_K, plus 32 B of high bits before the nibbles (bit g of byte l: group g, value l)
+* Q6_K, 210 B / 256: 128 B low nibbles, 64 B 2-bit highs, 16 int8 scales (one per 16 values), fp16 d;
+                     w = d*sc*(q - 32)
+
+Two kernels share that step: :func:`_linear_kernel` (x @ W.T, optionally split over K for decode-sized M) and
+:func:`_moe_kernel` (rows grouped by expert with the usual (sorted ids, expert of each block, padded count)
+routing layout; the w13 pass computes gate and up rows together and stores SiLU(gate)*up, the w2 pass scales by
+the routing weight).
+"""
+from __future__ import annotations
+
+import gguf
+import torch
+import triton
+import triton.language as tl
+
+from glm5_shim.gguf.kernel_coverage import K_MULTIPLE, SHIM_KERNEL_TYPES as SUPPORTED_TYPES
+
+Q8_0 = int(gguf.GGMLQuantizationType.Q8_0)
+Q4_K = int(gguf.GGMLQuantizationType.Q4_K)
+Q5_K = int(gguf.GGMLQuantizationType.Q5_K)
+Q6_K = int(gguf.GGMLQuantizationType.Q6_K)
+STEP_K = 128  # values of K each program decodes per step (half a K-quant super-block, four Q8_0 blocks)
+
+_TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+
+
+def block_bytes(qtype: int) -> tuple[int, int]:
+    """(values, bytes) of one block of ``qtype``."""
+    return gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(qtype)]
+
+
+def row_bytes(qtype: int, k: int) -> int:
+    values, nbytes = block_bytes(qtype)
+    return k // values * nbytes
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# device helpers
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _f16_at(p):
+    """The little-endian fp16 at byte pointers ``p`` (any shape), as float32 (only 2-byte alignment is needed)."""
+    lo = tl.load(p).to(tl.uint16)
+    hi = tl.load(p + 1).to(tl.uint16)
+    return (lo | (hi << 8)).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _k_scale_min(sbp, g):
+    """6-bit (scale, min) of 32-groups ``g`` ([G]) of Q4_K/Q5_K super-blocks at byte pointers ``sbp`` ([BN]).
+
+    The 12 bytes s[0..11] pack groups 0-3 in the low 6 bits of s[0..3] (scales) and s[4..7] (mins); groups 4-7
+    in the nibbles of s[8..11] with their top 2 bits in the high bits of s[0..3] (scales) and s[4..7] (mins)."""
+    sp = sbp[:, None] + 4
+    gl = g[None, :]
+    x = tl.load(sp + gl)                               # s[g]
+    y = tl.load(sp + gl + 4)                           # s[g + 4]
+    z = tl.load(sp + tl.where(gl >= 4, gl - 4, 0))     # s[g - 4] (used for g >= 4 only)
+    low = gl < 4
+    sc = tl.where(low, x & 63, (y & 15) | ((z >> 6) << 4))
+    mn = tl.where(low, y & 63, (y >> 4) | ((x >> 6) << 4))
+    return sc.to(tl.float32), mn.to(tl.float32)
+
+
+@triton.jit
+def _weight_tile(wp, i, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Values k in [128 i, 128 i + 128) of BLOCK_N weight rows whose first bytes are at ``wp`` ([BLOCK_N] uint8
+    pointers), as float32 [BLOCK_N, 128] in natural k order."""
+    if QTYPE == 8:  # Q8_0: four 34-byte blocks
+        b = 4 * i + tl.arange(0, 4)
+        bp = wp[:, None] + b[None, :] * 34                                       # [BN, 4]
+        d = _f16_at(bp)
+        q = tl.load(bp[:, :, None] + 2 + tl.arange(0, 32)[None, None, :])       # [BN, 4, 32]
+        w = d[:, :, None] * q.to(tl.int8, bitcast=True).to(tl.float32)
+    elif QTYPE == 14:  # Q6_K: half a 210-byte super-block as 8 groups of 16
+        sbp = wp + (i // 2) * 210
+        hf = i % 2
+        s = tl.arange(0, 8)[None, :, None]
+        l16 = tl.arange(0, 16)[None, None, :]
+        p3 = sbp[:, None, None]
+        ql = tl.load(p3 + 64 * hf + 32 * ((s // 2) % 2) + 16 * (s % 2) + l16)  # [BN, 8, 16]
+        qh = tl.load(p3 + 128 + 32 * hf + 16 * (s % 2) + l16)
+        q = ((ql >> (4 * (s // 4)).to(tl.uint8)) & 15) | (((qh >> (2 * (s // 2)).to(tl.uint8)) & 3) << 4)
+        sc = tl.load(sbp[:, None] + 192 + 8 * hf + tl.arange(0, 8)[None, :]).to(tl.int8, bitcast=True)
+        d = _f16_at(sbp + 208)
+        w = (d[:, None] * sc.to(tl.float32))[:, :, None] * (q.to(tl.float32) - 32.0)
+    else:  # Q4_K (12) / Q5_K (13): half a super-block as 4 groups of 32
+        SB: tl.constexpr = 144 if QTYPE == 12 else 176
+        QS: tl.constexpr = 16 if QTYPE == 12 else 48
+        sbp = wp + (i // 2) * SB
+        g = (i % 2) * 4 + tl.arange(0, 4)
+        sc, mn = _k_scale_min(sbp, g)
+        d = _f16_at(sbp)
+        dmin = _f16_at(sbp + 2)
+        g3 = g[None, :, None]
+        l32 = tl.arange(0, 32)[None, None, :]
+        p3 = sbp[:, None, None]
+        qb = tl.load(p3 + QS + 32 * (g3 // 2) + l32)                           # [BN, 4, 32]
+        q = (qb >> (4 * (g3 % 2)).to(tl.uint8)) & 15
+        if QTYPE == 13:
+            qh = tl.load(p3 + 16 + l32)                                          # [BN, 1, 32]
+            q = q | (((qh >> g3.to(tl.uint8)) & 1) << 4)
+        w = (d[:, None] * sc)[:, :, None] * q.to(tl.float32) - (dmin[:, None] * mn)[:, :, None]
+    return tl.reshape(w, (BLOCK_N, 128))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# kernels
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _linear_kernel(x_ptr, w_ptr, out_ptr, M, N, stride_xm, stride_wn, stride_os, stride_om, steps_per_split,
+                   num_steps, QTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr):
+    """out[s, m, n] = sum over the K steps of split s of x[m, k] * W[n, k]  (one split: out is x @ W.T)."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_s = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = offs_m < M
+    rows = tl.minimum(offs_n, N - 1).to(tl.int64)  # clamped rows: every weight load is in bounds, unmasked
+    wp = w_ptr + rows * stride_wn
+    xp = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + tl.arange(0, 128)[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    first = pid_s * steps_per_split
+    last = tl.minimum(first + steps_per_split, num_steps)
+    for i in range(first, last):
+        a = tl.load(xp + i * 128, mask=m_ok[:, None], other=0.0)
+        w = _weight_tile(wp, i, QTYPE, BLOCK_N).to(a.dtype)
+        acc = tl.dot(a, tl.trans(w), acc, input_precision=DOT_PRECISION)
+    op = out_ptr + pid_s * stride_os + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+    tl.store(op, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & (offs_n < N)[None, :])
+
+
+@triton.jit
+def _moe_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
+                N, num_steps, num_valid, a_row_div, stride_xm, stride_we, stride_wn, stride_om,
+                QTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GATED: tl.constexpr,
+                ROUTE_WEIGHTED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One (block of BLOCK_M routed rows of one expert) x (BLOCK_N output features) tile.
+
+    GATED (w13): weight rows n and N + n are gate and up; stores SiLU(gate) * up.  Otherwise (w2) stores the
+    product, times the row's routing weight when ROUTE_WEIGHTED.  Row r of the sorted layout reads activation
+    row r // a_row_div (top_k for w13: every routed copy of a token reads the token) and writes output row r."""
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(N, BLOCK_N)
+    pid_m = pid // num_n
+    pid_n = pid % num_n
+    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+        return
+    ids = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    ok = ids < num_valid
+    ids = tl.where(ok, ids, 0).to(tl.int64)
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.minimum(offs_n, N - 1).to(tl.int64)
+    w_exp = w_ptr + expert * stride_we
+    wp_g = w_exp + rows * stride_wn
+    wp_u = w_exp + (rows + N) * stride_wn
+    xp = x_ptr + (ids // a_row_div)[:, None] * stride_xm + tl.arange(0, 128)[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for i in range(0, num_steps):
+        a = tl.load(xp + i * 128, mask=ok[:, None], other=0.0)
+        acc = tl.dot(a, tl.trans(_weight_tile(wp_g, i, QTYPE, BLOCK_N).to(a.dtype)), acc,
+                     input_precision=DOT_PRECISION)
+        if GATED:
+            acc_u = tl.dot(a, tl.trans(_weight_tile(wp_u, i, QTYPE, BLOCK_N).to(a.dtype)), acc_u,
+                           input_precision=DOT_PRECISION)
+    if GATED:
+        acc = acc / (1.0 + tl.exp(-acc)) * acc_u
+    if ROUTE_WEIGHTED:
+        acc = acc * tl.load(route_w_ptr + ids, mask=ok, other=0.0).to(tl.float32)[:, None]
+    op = out_ptr + ids[:, None] * stride_om + offs_n[None, :]
+    tl.store(op, acc.to(out_ptr.dtype.element_ty), mask=ok[:, None] & (offs_n < N)[None, :])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# host side
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    return "ieee" if dtype == torch.float32 else "tf32"  # 16-bit dots ignore it; fp32 ones must not use tf32
+
+
+def _check_weight(w: torch.Tensor, qtype: int, k: int, what: str) -> None:
+    if qtype not in SUPPORTED_TYPES:
+        raise ValueError(f"{what}: GGUF type {qtype} has no shim kernel (supported: {SUPPORTED_TYPES})")
+    if w.dtype != torch.uint8:
+        raise ValueError(f"{what}: expected uint8 GGUF blocks, found {w.dtype}")
+    if k % K_MULTIPLE:
+        raise ValueError(f"{what}: K={k} is not a multiple of {K_MULTIPLE}")
+    if w.shape[-1] < row_bytes(qtype, k) or w.stride(-1) != 1:
+        raise ValueError(f"{what}: rows of {w.shape[-1]} bytes (stride {w.stride(-1)}), expected "
+                         f"{row_bytes(qtype, k)} contiguous bytes for K={k}")
+
+
+def linear_plan(m: int, n: int, k: int, num_sms: int) -> dict:
+    """Tile sizes and K split of :func:`gguf_linear` for an M x N x K call (pure: the tests and the bench use it).
+
+    Decode-sized M: 16-row tiles and K split until the grid covers the GPU twice (memory-bound: every weight byte
+    must be read by some busy SM).  Prefill: larger tiles, no split."""
+    steps = k // STEP_K
+    if m <= 16:
+        bm, bn, warps = 16, 32, 4
+    elif m <= 64:
+        bm, bn, warps = 64, 32, 4
+    else:
+        bm, bn, warps = 64, 64, 4
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    split = 1
+    if m <= 64:
+        split = max(1, min(steps, triton.cdiv(2 * num_sms, tiles)))
+    per_split = triton.cdiv(steps, split)
+    split = triton.cdiv(steps, per_split)
+    return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, split=split, steps_per_split=per_split)
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 16
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int, n: int | None = None,
+                plan: dict | None = None) -> torch.Tensor:
+    """``x @ W.T`` for a GGUF weight ``qweight`` ([N, row bytes] uint8; rows may be padded wider, as vLLM pads
+    merged linears).  x: [M, K] float16/bfloat16/float32; returns [M, N] in x's dtype."""
+    m, k = x.shape
+    n = qweight.shape[0] if n is None else n
+    _check_weight(qweight, qtype, k, "gguf_linear weight")
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    plan = plan or linear_plan(m, n, k, _num_sms(x.device))
+    split = plan["split"]
+    dst = out if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(m, plan["BLOCK_M"]), triton.cdiv(n, plan["BLOCK_N"]), split)
+    _linear_kernel[grid](x, qweight, dst, m, n, x.stride(0), qweight.stride(0), dst.stride(0) if split > 1 else 0,
+                         dst.stride(-2), plan["steps_per_split"], k // STEP_K, QTYPE=qtype,
+                         BLOCK_M=plan["BLOCK_M"], BLOCK_N=plan["BLOCK_N"], DOT_PRECISION=_dot_precision(x.dtype),
+                         num_warps=plan["num_warps"], num_stages=2)
+    if split > 1:
+        torch.sum(dst, dim=0, out=out) if x.dtype == torch.float32 else out.copy_(dst.sum(0))
+    return out
+
+
+def moe_align(topk_ids: torch.Tensor, block_m: int, num_experts: int):
+    """Routed rows grouped by expert, each expert's group padded to whole ``block_m`` blocks, in torch ops with
+    no host synchronisation (CUDA-graph safe, fixed output sizes).
+
+    Returns (sorted_ids, expert_ids, num_padded): sorted_ids[j] is a flat (token * top_k + slot) index or the
+    pad value topk_ids.numel(); expert_ids[b] the expert of block b; num_padded the used length (1-element)."""
+    flat = topk_ids.reshape(-1).to(torch.int64)
+    pairs = flat.numel()
+    cap = min(pairs + num_experts * (block_m - 1), pairs * block_m)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block_m - 1) // block_m * block_m
+    ends = torch.cumsum(padded, 0)
+    starts = ends - padded
+    order = torch.argsort(flat, stable=True)
+    sorted_experts = flat[order]
+    first_of_expert = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(pairs, device=flat.device) - first_of_expert[sorted_experts]
+    sorted_ids = torch.full((cap,), pairs, dtype=torch.int32, device=flat.device)
+    sorted_ids[starts[sorted_experts] + rank] = order.to(torch.int32)
+    blocks = torch.arange(triton.cdiv(cap, block_m), device=flat.device) * block_m
+    expert_ids = torch.searchsorted(ends, blocks, right=True).clamp_(max=num_experts - 1).to(torch.int32)
+    return sorted_ids, expert_ids, ends[-1:].to(torch.int32)
+
+
+def moe_plan(num_tokens: int, top_k: int, num_experts: int) -> dict:
+    """Block sizes of :func:`gguf_moe`: 16-row blocks while most experts see one or two rows (decode), larger
+    blocks once experts are shared by many tokens (tensor cores do the work)."""
+    rows_per_expert = num_tokens * top_k / num_experts
+    if rows_per_expert <= 4:
+        return dict(BLOCK_M=16, BLOCK_N_W13=16, BLOCK_N_W2=32, num_warps=4)
+    if rows_per_expert <= 32:
+        return dict(BLOCK_M=32, BLOCK_N_W13=32, BLOCK_N_W2=64, num_warps=4)
+    return dict(BLOCK_M=64, BLOCK_N_W13=64, BLOCK_N_W2=64, num_warps=4)
+
+
+def gguf_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+             topk_ids: torch.Tensor, qtype13: int, qtype2: int, *, align=None, plan: dict | None = None
+             ) -> torch.Tensor:
+    """Routed experts with SiLU: sum over the top-k slots of weight * (SiLU(x W_gate^T) * (x W_up^T)) W_down^T.
+
+    x [T, H]; w13 [E, 2I, row bytes of H] (gate rows then up rows); w2 [E, H, row bytes of I]; topk_* [T, top_k].
+    ``align(topk_ids, block_m, num_experts)`` may replace :func:`moe_align` (vLLM's CUDA op does the same)."""
+    t, h = x.shape
+    e, two_i, _ = w13.shape
+    inter = two_i // 2
+    top_k = topk_ids.shape[1]
+    _check_weight(w13, qtype13, h, "gguf_moe w13")
+    _check_weight(w2, qtype2, inter, "gguf_moe w2")
+    out = torch.empty_like(x)
+    if t == 0:
+        return out
+    plan = plan or moe_plan(t, top_k, e)
+    bm = plan["BLOCK_M"]
+    sorted_ids, expert_ids, num_padded = (align or moe_align)(topk_ids, bm, e)
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    act = torch.empty(t * top_k, inter, dtype=x.dtype, device=x.device)
+    prec = _dot_precision(x.dtype)
+    m_blocks = expert_ids.numel()
+    bn = plan["BLOCK_N_W13"]
+    _moe_kernel[(m_blocks * triton.cdiv(inter, bn),)](
+        x, w13, act, topk_weights, sorted_ids, expert_ids, num_padded, inter, h // STEP_K, t * top_k, top_k,
+        x.stride(0), w13.stride(0), w13.stride(1), act.stride(0), QTYPE=qtype13, BLOCK_M=bm, BLOCK_N=bn,
+        GATED=True, ROUTE_WEIGHTED=False, DOT_PRECISION=prec, num_warps=plan["num_warps"], num_stages=2)
+    down = torch.empty(t * top_k, h, dtype=x.dtype, device=x.device)  # rounded once before the top-k sum
+    bn = plan["BLOCK_N_W2"]
+    _moe_kernel[(m_blocks * triton.cdiv(h, bn),)](
+        act, w2, down, topk_weights.reshape(-1), sorted_ids, expert_ids, num_padded, h, inter // STEP_K, t * top_k,
+        1, act.stride(0), w2.stride(0), w2.stride(1), down.stride(0), QTYPE=qtype2, BLOCK_M=bm, BLOCK_N=bn,
+        GATED=False, ROUTE_WEIGHTED=True, DOT_PRECISION=prec, num_warps=plan["num_warps"], num_stages=2)
+    return out.copy_(down.view(t, top_k, h).sum(1))

@@ -1,0 +1,75 @@
+"""Float64 references for :mod:`glm5_shim.kernels.gguf_matmul`, and GGUF weights to test it with.
+
+The reference dequantizes with the ``gguf`` package (llama.cpp's own Python dequantizers), not with the kernel's
+decoding, and multiplies in float64.  Weights come from real quantizers (``gguf`` for Q8_0, the project's K-quant
+quantizers for Q4_K/Q5_K/Q6_K) or are random valid blocks: every byte random except the fp16 super-scales,
+which are drawn finite and of a sensible size, so every bit pattern of codes and 6-bit scales occurs.
+"""
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import torch
+
+from glm5_shim.gguf import kquants
+from glm5_shim.kernels.gguf_matmul import Q4_K, Q5_K, Q6_K, Q8_0, block_bytes
+
+# byte offsets of the fp16 fields of one block, and the size their values are drawn around (weights ~ 1e-2)
+_F16_FIELDS = {Q8_0: (0,), Q4_K: (0, 2), Q5_K: (0, 2), Q6_K: (208,)}
+_F16_SCALE = {Q8_0: 1e-3, Q4_K: 1e-3, Q5_K: 5e-4, Q6_K: 5e-4}
+_QUANTIZERS = {Q4_K: kquants.quantize_q4_k, Q5_K: kquants.quantize_q5_k, Q6_K: kquants.quantize_q6_k}
+
+
+def dequantize(qweight: torch.Tensor, qtype: int, k: int) -> torch.Tensor:
+    """[..., row bytes] uint8 -> [..., k] float64, by the ``gguf`` package."""
+    values, nbytes = block_bytes(qtype)
+    raw = qweight[..., : k // values * nbytes].contiguous().cpu().numpy()
+    deq = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(qtype))
+    return torch.from_numpy(np.ascontiguousarray(deq, dtype=np.float64))
+
+
+def random_blocks(qtype: int, rows: int, k: int, generator: torch.Generator) -> torch.Tensor:
+    """[rows, row bytes] uint8 of random valid blocks (finite positive fp16 scales)."""
+    values, nbytes = block_bytes(qtype)
+    nblocks = k // values
+    raw = torch.randint(0, 256, (rows, nblocks, nbytes), dtype=torch.uint8, generator=generator)
+    for off in _F16_FIELDS[qtype]:
+        scale = (torch.rand(rows, nblocks, generator=generator) + 0.5) * _F16_SCALE[qtype]
+        raw[:, :, off:off + 2] = scale.to(torch.float16).view(torch.uint8).view(rows, nblocks, 2)
+    return raw.view(rows, nblocks * nbytes)
+
+
+def quantized_blocks(qtype: int, weight: torch.Tensor) -> torch.Tensor:
+    """[rows, k] float -> [rows, row bytes] uint8 by a real quantizer of ``qtype``."""
+    w = weight.detach().to(torch.float32).cpu().numpy()
+    if qtype == Q8_0:
+        q = gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0)
+    else:
+        q = _QUANTIZERS[qtype](w)
+    return torch.from_numpy(np.ascontiguousarray(q, dtype=np.uint8)).reshape(weight.shape[0], -1)
+
+
+def linear_reference(x: torch.Tensor, qweight: torch.Tensor, qtype: int, n: int | None = None) -> torch.Tensor:
+    k = x.shape[1]
+    w = dequantize(qweight[: n or qweight.shape[0]], qtype, k)
+    return x.double().cpu() @ w.T
+
+
+def moe_reference(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2) -> torch.Tensor:
+    """sum_j weight_j * (SiLU(x Wg^T) * (x Wu^T)) Wd^T over each token's top-k experts, in float64."""
+    x64 = x.double().cpu()
+    t, h = x.shape
+    inter = w13.shape[1] // 2
+    out = torch.zeros(t, h, dtype=torch.float64)
+    ids = topk_ids.cpu()
+    wts = topk_weights.double().cpu()
+    cache = {}
+    for e in ids.unique().tolist():
+        cache[e] = dequantize(w13[e], qtype13, h), dequantize(w2[e], qtype2, inter)
+    for tok in range(t):
+        for j in range(ids.shape[1]):
+            g_u, down = cache[int(ids[tok, j])]
+            gu = g_u @ x64[tok]
+            act = torch.nn.functional.silu(gu[:inter]) * gu[inter:]
+            out[tok] += wts[tok, j] * (down @ act)
+    return out

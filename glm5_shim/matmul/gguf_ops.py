@@ -1,0 +1,124 @@
+"""The shim's GGUF kernels as vLLM custom ops, and the drop-ins vLLM's GGUF methods call.
+
+Registered with vLLM's ``direct_register_custom_op`` (cheap dispatch; fake implementations for torch.compile), so
+torch.compile and CUDA graphs capture them like vLLM's own ``_fused_mul_mat_gguf`` / ``_fused_moe_gguf``.  Each
+drop-in takes the shim's op when :func:`glm5_shim.gguf.kernel_coverage.shim_kernel_covers` says so for every
+weight of the call and the activations are 16-bit CUDA tensors, and otherwise calls vLLM's op unchanged.
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from glm5_shim.gguf.kernel_coverage import shim_kernel_covers
+
+_ACT_DTYPES = (torch.float16, torch.bfloat16)
+_lock = threading.Lock()
+_registered = False
+
+
+def _linear_op(x: torch.Tensor, qweight: torch.Tensor, qweight_type: int, n: int) -> torch.Tensor:
+    from glm5_shim.kernels.gguf_matmul import gguf_linear
+
+    return gguf_linear(x, qweight, qweight_type, n)
+
+
+def _linear_fake(x: torch.Tensor, qweight: torch.Tensor, qweight_type: int, n: int) -> torch.Tensor:
+    return torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
+
+
+def _moe_op(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+            topk_ids: torch.Tensor, qtype13: int, qtype2: int) -> torch.Tensor:
+    from vllm.model_executor.layers.fused_moe.moe_align_block_size import moe_align_block_size
+
+    from glm5_shim.kernels.gguf_matmul import gguf_moe
+
+    return gguf_moe(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, align=moe_align_block_size)
+
+
+def _moe_fake(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor, qtype13: int, qtype2: int) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def register_ops() -> None:
+    """torch.ops.vllm.glm5_gguf_linear / glm5_gguf_moe (once per process)."""
+    global _registered
+    with _lock:
+        if _registered:
+            return
+        from vllm.utils.torch_utils import direct_register_custom_op
+
+        direct_register_custom_op(op_name="glm5_gguf_linear", op_func=_linear_op, fake_impl=_linear_fake)
+        direct_register_custom_op(op_name="glm5_gguf_moe", op_func=_moe_op, fake_impl=_moe_fake)
+        _registered = True
+
+
+def _acts_ok(x: torch.Tensor) -> bool:
+    return x.is_cuda and x.dtype in _ACT_DTYPES
+
+
+def make_fused_mul_mat(original):
+    """Drop-in for vLLM's ``fused_mul_mat_gguf(x, qweight, qweight_type)``."""
+
+    def fused_mul_mat_gguf(x: torch.Tensor, qweight: torch.Tensor, qweight_type: int) -> torch.Tensor:
+        if _acts_ok(x) and shim_kernel_covers(qweight_type, x.shape[-1]):
+            return torch.ops.vllm.glm5_gguf_linear(x, qweight, qweight_type, qweight.shape[0])
+        return original(x, qweight, qweight_type)
+
+    return fused_mul_mat_gguf
+
+
+def make_fused_moe(original):
+    """Drop-in for vLLM's ``fused_moe_gguf(x, w1, w2, topk_weights, topk_ids, type1, type2, activation)``."""
+
+    def fused_moe_gguf(x, w1, w2, topk_weights, topk_ids, qweight_type, qweight_type2, activation):
+        if (activation == "silu" and _acts_ok(x) and shim_kernel_covers(qweight_type, x.shape[-1])
+                and shim_kernel_covers(qweight_type2, w1.shape[1] // 2)):
+            return torch.ops.vllm.glm5_gguf_moe(x, w1, w2, topk_weights, topk_ids, qweight_type, qweight_type2)
+        return original(x, w1, w2, topk_weights, topk_ids, qweight_type, qweight_type2, activation)
+
+    return fused_moe_gguf
+
+
+def merged_linear_plan(layer) -> list[tuple[int, int, int]] | None:
+    """(row start, row end, ggml type) runs of a merged GGUF linear (q_a+kv_a, gate+up) in output order, adjacent
+    shards of one type joined into one run; None when it is not a merged quantized linear."""
+    qweight = layer.qweight
+    shard_id = getattr(qweight, "shard_id", None)
+    offsets = getattr(qweight, "shard_offset_map", None)
+    if not shard_id or not offsets:
+        return None
+    ids = ["q", "k", "v"] if "q" in shard_id else shard_id
+    runs: list[tuple[int, int, int]] = []
+    for idx in ids:
+        start, end, _ = offsets[idx]
+        qtype = int(layer.qweight_type.shard_weight_type[idx])
+        if runs and runs[-1][1] == start and runs[-1][2] == qtype:
+            runs[-1] = (runs[-1][0], end, qtype)
+        else:
+            runs.append((start, end, qtype))
+    return runs
+
+
+def make_linear_apply(original):
+    """Drop-in for ``GGUFLinearMethod.apply``: a merged linear whose shards all run on the shim's kernels is
+    computed on views of the padded weight (vLLM copies each shard with ``.contiguous()`` on every call), shards
+    of one type in one launch; anything else goes to vLLM's apply."""
+
+    def apply(self, layer, x, bias=None):
+        if _acts_ok(x) and getattr(layer.qweight, "shard_id", None):
+            runs = merged_linear_plan(layer)
+            k = x.shape[-1]
+            if runs and all(shim_kernel_covers(qtype, k) for _, _, qtype in runs):
+                qweight = layer.qweight
+                parts = [torch.ops.vllm.glm5_gguf_linear(x, qweight[start:end], qtype, end - start)
+                         for start, end, qtype in runs]
+                out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+                if bias is not None:
+                    out.add_(bias)
+                return out
+        return original(self, layer, x, bias)
+
+    return apply

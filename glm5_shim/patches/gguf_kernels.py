@@ -1,0 +1,63 @@
+"""GGUF matmuls on the shim's kernels: vLLM's GGUF linear and MoE calls go to ``glm5_shim/kernels/gguf_matmul.py``.
+
+Target: ``vllm.model_executor.layers.quantization.gguf``.  ``GGUFLinearMethod.apply`` and ``GGUFMoEMethod.apply``
+call the module globals ``fused_mul_mat_gguf`` and ``fused_moe_gguf`` (vLLM's custom ops); both globals are
+replaced with drop-ins that take the shim's custom op for the types it covers (``gguf/kernel_coverage.py``) and
+vLLM's op for the rest.  ``GGUFLinearMethod.apply`` is replaced too, so a merged linear's shards are read in place
+instead of copied on every call.  ``GLM5_SHIM_GGUF_KERNELS=vllm`` leaves all three alone.
+"""
+from __future__ import annotations
+
+import inspect
+
+from glm5_shim import settings
+from glm5_shim.registry import Patch, TargetMismatch, require, require_attr, require_params
+
+_TARGET = "vllm.model_executor.layers.quantization.gguf"
+
+
+def _check(module) -> None:
+    if settings.gguf_kernels_choice() == "vllm":
+        raise TargetMismatch("GLM5_SHIM_GGUF_KERNELS=vllm: vLLM's ggml kernels are kept")
+    for name in ("fused_mul_mat_gguf", "fused_moe_gguf"):
+        require(callable(require_attr(module, name, _TARGET)), f"{_TARGET}.{name} is not callable")
+    require_params(require_attr(module, "_fused_moe_gguf", _TARGET),
+                   ("x", "w1", "w2", "topk_weights", "topk_ids", "qweight_type", "qweight_type2", "activation"),
+                   "_fused_moe_gguf")
+    require_params(require_attr(module, "_fused_mul_mat_gguf", _TARGET), ("x", "qweight", "qweight_type"),
+                   "_fused_mul_mat_gguf")
+    linear = require_attr(module, "GGUFLinearMethod", _TARGET)
+    require_params(require_attr(linear, "apply", "GGUFLinearMethod"), ("self", "layer", "x", "bias"),
+                   "GGUFLinearMethod.apply")
+    # The premises: the methods call the module globals (so replacing them reroutes every call), and a merged
+    # linear's shards are found by id in shard_offset_map with their type in shard_weight_type.
+    source = inspect.getsource(linear.apply)
+    require("fused_mul_mat_gguf(" in source and "shard_offset_map[idx]" in source
+            and "shard_weight_type[idx]" in source,
+            "GGUFLinearMethod.apply no longer calls fused_mul_mat_gguf per shard_offset_map entry")
+    moe = require_attr(module, "GGUFMoEMethod", _TARGET)
+    require("fused_moe_gguf(" in inspect.getsource(require_attr(moe, "apply", "GGUFMoEMethod")),
+            "GGUFMoEMethod.apply no longer calls the module global fused_moe_gguf")
+
+
+def _apply(module, patch: Patch) -> None:
+    from glm5_shim.matmul import gguf_ops
+
+    gguf_ops.register_ops()
+    patch.replace(module, "fused_mul_mat_gguf", gguf_ops.make_fused_mul_mat(module.fused_mul_mat_gguf))
+    patch.replace(module, "fused_moe_gguf", gguf_ops.make_fused_moe(module.fused_moe_gguf))
+    linear = module.GGUFLinearMethod
+    patch.replace(linear, "apply", gguf_ops.make_linear_apply(linear.apply))
+
+
+PATCHES = [
+    Patch(
+        name="gguf-kernels",
+        target=_TARGET,
+        replaces=(f"{_TARGET}:fused_mul_mat_gguf", f"{_TARGET}:fused_moe_gguf", f"{_TARGET}:GGUFLinearMethod.apply"),
+        summary="GGUF linears and MoE experts of types Q4_K/Q6_K/Q5_K/Q8_0 run on the shim's Triton kernels "
+                "(weights read once per call, bf16 or fp16 activations); other types keep vLLM's ggml kernels",
+        check=_check,
+        apply=_apply,
+    ),
+]
