@@ -216,6 +216,61 @@ def bench_dense(type_names, tokens, bw, peak, gen, vg, rows):
             torch.cuda.empty_cache()
 
 
+def bench_sweep(bw, gen, rows):
+    """Time alternative launch parameters so the tuning constants in kernels/gguf_matmul.py can be chosen."""
+    import itertools
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    decode = [dict(BLOCK_N=bn, num_stages=st, ctas_per_sm=c, num_warps=4)
+              for bn, st, c in itertools.product((16, 32, 64), (2, 4), (2, 8))]
+    prefill = [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st)
+               for bm, bn, w, st in itertools.product((64, 128), (64, 128), (4, 8), (2, 3))]
+    inter = EXPERT_WIDTH // 8
+    for name in ("Q4_K", "Q6_K"):
+        qt = TYPES[name]
+        w13 = random_blocks_cuda(qt, (EXPERTS, 2 * inter), HIDDEN, gen)
+        w2 = random_blocks_cuda(qt, (EXPERTS, HIDDEN), inter, gen)
+        expert_bytes = w13[0].numel() + w2[0].numel()
+        for t, cfgs in ((1, decode), (32, decode), (1024, prefill if name == "Q4_K" else [])):
+            cycle = max(4, min(64, 4096 // t))
+            ids, wts = routings(t, cycle, gen)
+            x = (torch.randn(t, HIDDEN, device="cuda", generator=gen) * 0.5).to(torch.bfloat16)
+            floor = sum(int(i.unique().numel()) for i in ids) / cycle * expert_bytes / bw * 1e6
+            for cfg in cfgs:
+                plan = gm.moe_plan(t, TOP_K, EXPERTS, sms, tuning=cfg)
+                try:
+                    us_ = graph_us([lambda i=i, w=w: gm.gguf_moe(x, w13, w2, w, i, qt, qt, align=ALIGN, plan=plan)
+                                    for i, w in zip(ids, wts)])
+                except Exception as e:  # noqa: BLE001
+                    us_ = None
+                    print(f"sweep moe {name} T={t} {cfg}: {type(e).__name__}: {str(e)[:200]}")
+                row = dict(kind="sweep", what=f"moe tp8 {name}", T=t, cfg=cfg, us=us_, floor_us=floor)
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+        w13 = w2 = None
+        torch.cuda.empty_cache()
+    for lname, name in (("q_a+kv_a", "Q4_K"), ("lm_head", "Q6_K"), ("o_proj", "Q4_K")):
+        n, k = DENSE_TP8[lname]
+        qt = TYPES[name]
+        one = gm.row_bytes(qt, k) * n
+        ws = [random_blocks_cuda(qt, (n,), k, gen) for _ in range(max(2, min(16, -(-2 * L2_BYTES // one))))]
+        for t in (1, 32, 256, 4096):
+            x = (torch.randn(t, k, device="cuda", generator=gen) * 0.5).to(torch.bfloat16)
+            cfgs = decode if t <= 64 else [None] + (prefill if lname != "o_proj" else [])
+            for cfg in cfgs:
+                plan = gm.linear_plan(t, n, k, sms, tuning=cfg) if cfg else gm.linear_plan(t, n, k, sms)
+                try:
+                    us_ = graph_us([lambda w=w: gm.gguf_linear(x, w, qt, plan=plan) for w in ws] * 2)
+                except Exception as e:  # noqa: BLE001
+                    us_ = None
+                    print(f"sweep dense {lname} T={t} {cfg}: {type(e).__name__}: {str(e)[:200]}")
+                row = dict(kind="sweep", what=f"{lname} {name}", T=t, cfg=cfg or "dequant+cuBLAS", us=us_,
+                           floor_us=one / bw * 1e6)
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+        ws = None
+        torch.cuda.empty_cache()
+
+
 _CRASH_SCRIPT = r"""
 import sys, torch
 sys.path.insert(0, ".")
@@ -286,6 +341,14 @@ def markdown(rows, bw, device) -> str:
                        f"{vg_us} | {fmt(r.get('vllm_bf16_us'), 1)} | {fmt(r['floor_us'], 1)} | "
                        f"{fmt(r['shim_pct_floor'])} | {fmt(r.get('rel_err_vs_bf16'), 4)} |")
         out.append("")
+    sw = [r for r in rows if r["kind"] == "sweep"]
+    if sw:
+        out += ["## Launch-parameter sweep (µs per call; floor µs)", "", "| what | T | config | µs | % floor |",
+                "|---|---|---|---|---|"]
+        for r in sorted(sw, key=lambda r: (r["what"], r["T"], r["us"] or 1e9)):
+            pct = fmt(100 * r["floor_us"] / r["us"]) if r["us"] else "—"
+            out.append(f"| {r['what']} | {r['T']} | {r['cfg']} | {fmt(r['us'], 1)} | {pct} |")
+        out.append("")
     cr = [r for r in rows if r["kind"] == "crash_repro"]
     if cr:
         out += ["## ggml_moe_a8 crash reproduction (T = 65, one process each)", "",
@@ -325,6 +388,8 @@ def main():
             bench_moe(4, types, tokens, bw, peak, gen, vg, bf16_moe, rows)
         if "dense" in parts:
             bench_dense(types, [int(t) for t in args.dense_tokens.split(",")], bw, peak, gen, vg, rows)
+        if "sweep" in parts:
+            bench_sweep(bw, gen, rows)
         if "crash" in parts and vg is not None and os.environ.get("GLM5_BENCH_NO_CRASH") is None:
             crash_repro(rows)
     finally:

@@ -152,16 +152,29 @@ def _linear_kernel(x_ptr, w_ptr, out_ptr, M, N, stride_xm, stride_wn, stride_os,
 
 
 @triton.jit
-def _moe_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
-                N, num_steps, num_valid, a_row_div, stride_xm, stride_we, stride_wn, stride_om,
-                QTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GATED: tl.constexpr,
-                ROUTE_WEIGHTED: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """One (block of BLOCK_M routed rows of one expert) x (BLOCK_N output features) tile.
+def _dequant_kernel(w_ptr, out_ptr, N, stride_wn, stride_on, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """out[n, 128 i : 128 i + 128] = the weights of step i of row n, in out's dtype (grid: row blocks x steps)."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    i = tl.program_id(1)
+    rows = tl.minimum(offs_n, N - 1).to(tl.int64)
+    w = _weight_tile(w_ptr + rows * stride_wn, i, QTYPE, BLOCK_N)
+    op = out_ptr + rows[:, None] * stride_on + i * 128 + tl.arange(0, 128)[None, :]
+    tl.store(op, w.to(out_ptr.dtype.element_ty), mask=(offs_n < N)[:, None])
 
-    GATED (w13): weight rows n and N + n are gate and up; stores SiLU(gate) * up.  Otherwise (w2) stores the
-    product, times the row's routing weight when ROUTE_WEIGHTED.  Row r of the sorted layout reads activation
-    row r // a_row_div (top_k for w13: every routed copy of a token reads the token) and writes output row r."""
+
+@triton.jit
+def _moe_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
+                N, num_steps, steps_per_split, num_valid, a_row_div, stride_xm, stride_we, stride_wn, stride_os,
+                stride_om, QTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GATED: tl.constexpr,
+                ROUTE_WEIGHTED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One (block of BLOCK_M routed rows of one expert) x (BLOCK_N output features) x (K split) tile.
+
+    GATED (w13, unsplit): weight rows n and N + n are gate and up; stores SiLU(gate) * up.  Otherwise stores the
+    product (times the row's routing weight when ROUTE_WEIGHTED) to split plane program_id(1) of out.  Row r of
+    the sorted layout reads activation row r // a_row_div (top_k for w13: every routed copy of a token reads the
+    token) and writes output row r."""
     pid = tl.program_id(0)
+    pid_s = tl.program_id(1)
     num_n = tl.cdiv(N, BLOCK_N)
     pid_m = pid // num_n
     pid_n = pid % num_n
@@ -179,7 +192,9 @@ def _moe_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_p
     xp = x_ptr + (ids // a_row_div)[:, None] * stride_xm + tl.arange(0, 128)[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for i in range(0, num_steps):
+    first = pid_s * steps_per_split
+    last = tl.minimum(first + steps_per_split, num_steps)
+    for i in range(first, last):
         a = tl.load(xp + i * 128, mask=ok[:, None], other=0.0)
         acc = tl.dot(a, tl.trans(_weight_tile(wp_g, i, QTYPE, BLOCK_N).to(a.dtype)), acc,
                      input_precision=DOT_PRECISION)
@@ -190,7 +205,7 @@ def _moe_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_p
         acc = acc / (1.0 + tl.exp(-acc)) * acc_u
     if ROUTE_WEIGHTED:
         acc = acc * tl.load(route_w_ptr + ids, mask=ok, other=0.0).to(tl.float32)[:, None]
-    op = out_ptr + ids[:, None] * stride_om + offs_n[None, :]
+    op = out_ptr + pid_s * stride_os + ids[:, None] * stride_om + offs_n[None, :]
     tl.store(op, acc.to(out_ptr.dtype.element_ty), mask=ok[:, None] & (offs_n < N)[None, :])
 
 
@@ -215,31 +230,57 @@ def _check_weight(w: torch.Tensor, qtype: int, k: int, what: str) -> None:
                          f"{row_bytes(qtype, k)} contiguous bytes for K={k}")
 
 
-def linear_plan(m: int, n: int, k: int, num_sms: int) -> dict:
-    """Tile sizes and K split of :func:`gguf_linear` for an M x N x K call (pure: the tests and the bench use it).
-
-    Decode-sized M: 16-row tiles and K split until the grid covers the GPU twice (memory-bound: every weight byte
-    must be read by some busy SM).  Prefill: larger tiles, no split."""
-    steps = k // STEP_K
-    if m <= 16:
-        bm, bn, warps = 16, 32, 4
-    elif m <= 64:
-        bm, bn, warps = 64, 32, 4
-    else:
-        bm, bn, warps = 64, 64, 4
-    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
-    split = 1
-    if m <= 64:
-        split = max(1, min(steps, triton.cdiv(2 * num_sms, tiles)))
-    per_split = triton.cdiv(steps, split)
-    split = triton.cdiv(steps, per_split)
-    return dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, split=split, steps_per_split=per_split)
-
-
 def _num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 16
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _split(tiles: int, steps: int, num_sms: int, ctas_per_sm: int) -> tuple[int, int]:
+    """(splits, steps per split) so that tiles x splits covers the GPU ctas_per_sm times (decode is bound by how
+    many bytes are in flight: every SM must be streaming weights)."""
+    split = max(1, min(steps, triton.cdiv(ctas_per_sm * num_sms, tiles)))
+    per_split = triton.cdiv(steps, split)
+    return triton.cdiv(steps, per_split), per_split
+
+
+# Tuning, measured on the H200 (bench/gguf_matmul.py --parts sweep; bench/RESULTS.md).  Decode: small row
+# tiles, K split to fill the GPU.  Prefill: square tiles big enough that decoding a weight tile costs less than
+# its MMAs; above DENSE_DEQUANT_MIN_M rows a dense linear dequantizes its weight to the activation dtype in
+# row chunks and lets cuBLAS multiply (the decode cost is then paid once per weight, not once per row tile).
+DECODE_TUNING = dict(BLOCK_N=32, num_warps=4, num_stages=4, ctas_per_sm=4)
+PREFILL_TUNING = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)
+DENSE_DEQUANT_MIN_M = 128
+DEQUANT_CHUNK_BYTES = 64 << 20
+
+
+def linear_plan(m: int, n: int, k: int, num_sms: int, tuning: dict | None = None) -> dict:
+    """Launch plan of :func:`gguf_linear` for an M x N x K call (pure: the tests and the bench use it)."""
+    steps = k // STEP_K
+    if m > DENSE_DEQUANT_MIN_M and not tuning:
+        return dict(dequant=True)
+    if m <= 16:
+        t = dict(DECODE_TUNING, BLOCK_M=16, **(tuning or {}))
+    elif m <= 64:
+        t = dict(DECODE_TUNING, BLOCK_M=64, **(tuning or {}))
+    else:
+        t = dict(PREFILL_TUNING, ctas_per_sm=1, **(tuning or {}))
+    tiles = triton.cdiv(m, t["BLOCK_M"]) * triton.cdiv(n, t["BLOCK_N"])
+    split, per_split = _split(tiles, steps, num_sms, t["ctas_per_sm"]) if m <= 64 else (1, steps)
+    return dict(dequant=False, BLOCK_M=t["BLOCK_M"], BLOCK_N=t["BLOCK_N"], num_warps=t["num_warps"],
+                num_stages=t["num_stages"], split=split, steps_per_split=per_split)
+
+
+def gguf_dequantize(qweight: torch.Tensor, qtype: int, k: int, dtype: torch.dtype,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+    """[N, row bytes] GGUF blocks -> [N, k] in ``dtype`` (each weight rounded once)."""
+    n = qweight.shape[0]
+    _check_weight(qweight, qtype, k, "gguf_dequantize weight")
+    out = torch.empty(n, k, dtype=dtype, device=qweight.device) if out is None else out
+    if n:
+        _dequant_kernel[(triton.cdiv(n, 32), k // STEP_K)](qweight, out, n, qweight.stride(0), out.stride(0),
+                                                           QTYPE=qtype, BLOCK_N=32, num_warps=4)
+    return out
 
 
 def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int, n: int | None = None,
@@ -254,15 +295,23 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int, n: int | Non
     if m == 0:
         return out
     plan = plan or linear_plan(m, n, k, _num_sms(x.device))
+    if plan["dequant"]:
+        rows = max(32, DEQUANT_CHUNK_BYTES // (k * x.element_size()) // 32 * 32)
+        scratch = torch.empty(min(rows, n), k, dtype=x.dtype, device=x.device)
+        for n0 in range(0, n, rows):
+            n1 = min(n, n0 + rows)
+            w = gguf_dequantize(qweight[n0:n1], qtype, k, x.dtype, out=scratch[: n1 - n0])
+            torch.matmul(x, w.T, out=out[:, n0:n1]) if n1 - n0 == n else out[:, n0:n1].copy_(x @ w.T)
+        return out
     split = plan["split"]
     dst = out if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(m, plan["BLOCK_M"]), triton.cdiv(n, plan["BLOCK_N"]), split)
     _linear_kernel[grid](x, qweight, dst, m, n, x.stride(0), qweight.stride(0), dst.stride(0) if split > 1 else 0,
                          dst.stride(-2), plan["steps_per_split"], k // STEP_K, QTYPE=qtype,
                          BLOCK_M=plan["BLOCK_M"], BLOCK_N=plan["BLOCK_N"], DOT_PRECISION=_dot_precision(x.dtype),
-                         num_warps=plan["num_warps"], num_stages=2)
+                         num_warps=plan["num_warps"], num_stages=plan["num_stages"])
     if split > 1:
-        torch.sum(dst, dim=0, out=out) if x.dtype == torch.float32 else out.copy_(dst.sum(0))
+        out.copy_(dst.sum(0))
     return out
 
 
@@ -291,15 +340,21 @@ def moe_align(topk_ids: torch.Tensor, block_m: int, num_experts: int):
     return sorted_ids, expert_ids, ends[-1:].to(torch.int32)
 
 
-def moe_plan(num_tokens: int, top_k: int, num_experts: int) -> dict:
-    """Block sizes of :func:`gguf_moe`: 16-row blocks while most experts see one or two rows (decode), larger
-    blocks once experts are shared by many tokens (tensor cores do the work)."""
+MOE_DECODE_MAX_ROWS_PER_EXPERT = 4  # up to here: split-K w13 then SiLU; above: fused gate/up tiles
+
+
+def moe_plan(num_tokens: int, top_k: int, num_experts: int, num_sms: int, tuning: dict | None = None) -> dict:
+    """Launch plan of :func:`gguf_moe`.  While experts see a few rows each (decode) the w13 pass is split over K
+    like a decode linear (SiLU applied after the split sum); once experts are shared by many tokens, 16-row
+    blocks waste the MMAs, so rows come in larger blocks and gate/up are fused with SiLU in one tile."""
     rows_per_expert = num_tokens * top_k / num_experts
-    if rows_per_expert <= 4:
-        return dict(BLOCK_M=16, BLOCK_N_W13=16, BLOCK_N_W2=32, num_warps=4)
-    if rows_per_expert <= 32:
-        return dict(BLOCK_M=32, BLOCK_N_W13=32, BLOCK_N_W2=64, num_warps=4)
-    return dict(BLOCK_M=64, BLOCK_N_W13=64, BLOCK_N_W2=64, num_warps=4)
+    if rows_per_expert <= MOE_DECODE_MAX_ROWS_PER_EXPERT:
+        t = dict(DECODE_TUNING, BLOCK_M=16, BLOCK_N_W2=32, fused_gate=False, **(tuning or {}))
+    else:
+        bm = 32 if rows_per_expert <= 32 else PREFILL_TUNING["BLOCK_M"]
+        t = dict(PREFILL_TUNING, BLOCK_M=bm, BLOCK_N_W2=PREFILL_TUNING["BLOCK_N"], fused_gate=True, ctas_per_sm=1,
+                 **(tuning or {}))
+    return t
 
 
 def gguf_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
@@ -318,22 +373,41 @@ def gguf_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights:
     out = torch.empty_like(x)
     if t == 0:
         return out
-    plan = plan or moe_plan(t, top_k, e)
+    num_sms = _num_sms(x.device)
+    plan = plan or moe_plan(t, top_k, e, num_sms)
     bm = plan["BLOCK_M"]
     sorted_ids, expert_ids, num_padded = (align or moe_align)(topk_ids, bm, e)
     x = x if x.stride(-1) == 1 else x.contiguous()
-    act = torch.empty(t * top_k, inter, dtype=x.dtype, device=x.device)
+    pairs = t * top_k
     prec = _dot_precision(x.dtype)
     m_blocks = expert_ids.numel()
-    bn = plan["BLOCK_N_W13"]
-    _moe_kernel[(m_blocks * triton.cdiv(inter, bn),)](
-        x, w13, act, topk_weights, sorted_ids, expert_ids, num_padded, inter, h // STEP_K, t * top_k, top_k,
-        x.stride(0), w13.stride(0), w13.stride(1), act.stride(0), QTYPE=qtype13, BLOCK_M=bm, BLOCK_N=bn,
-        GATED=True, ROUTE_WEIGHTED=False, DOT_PRECISION=prec, num_warps=plan["num_warps"], num_stages=2)
-    down = torch.empty(t * top_k, h, dtype=x.dtype, device=x.device)  # rounded once before the top-k sum
+    common = dict(QTYPE=qtype13, BLOCK_M=bm, DOT_PRECISION=prec, num_warps=plan["num_warps"],
+                  num_stages=plan["num_stages"])
+    steps = h // STEP_K
+    if plan["fused_gate"]:
+        act = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
+        bn = plan["BLOCK_N"]
+        _moe_kernel[(m_blocks * triton.cdiv(inter, bn), 1)](
+            x, w13, act, topk_weights, sorted_ids, expert_ids, num_padded, inter, steps, steps, pairs, top_k,
+            x.stride(0), w13.stride(0), w13.stride(1), 0, act.stride(0), BLOCK_N=bn, GATED=True,
+            ROUTE_WEIGHTED=False, **common)
+    else:
+        bn = plan["BLOCK_N"]
+        # blocks that hold rows: at most one partly filled block per routed row or per expert
+        busy_blocks = min(pairs, e)
+        split, per_split = _split(busy_blocks * triton.cdiv(two_i, bn), steps, num_sms, plan["ctas_per_sm"])
+        part = torch.empty(split, pairs, two_i, dtype=torch.float32, device=x.device)
+        _moe_kernel[(m_blocks * triton.cdiv(two_i, bn), split)](
+            x, w13, part, topk_weights, sorted_ids, expert_ids, num_padded, two_i, steps, per_split, pairs, top_k,
+            x.stride(0), w13.stride(0), w13.stride(1), part.stride(0), part.stride(1), BLOCK_N=bn, GATED=False,
+            ROUTE_WEIGHTED=False, **common)
+        gate_up = part.sum(0) if split > 1 else part[0]
+        act = (torch.nn.functional.silu(gate_up[:, :inter]) * gate_up[:, inter:]).to(x.dtype)
+    down = torch.empty(pairs, h, dtype=x.dtype, device=x.device)  # rounded once before the top-k sum
     bn = plan["BLOCK_N_W2"]
-    _moe_kernel[(m_blocks * triton.cdiv(h, bn),)](
-        act, w2, down, topk_weights.reshape(-1), sorted_ids, expert_ids, num_padded, h, inter // STEP_K, t * top_k,
-        1, act.stride(0), w2.stride(0), w2.stride(1), down.stride(0), QTYPE=qtype2, BLOCK_M=bm, BLOCK_N=bn,
-        GATED=False, ROUTE_WEIGHTED=True, DOT_PRECISION=prec, num_warps=plan["num_warps"], num_stages=2)
+    common["QTYPE"] = qtype2
+    _moe_kernel[(m_blocks * triton.cdiv(h, bn), 1)](
+        act, w2, down, topk_weights.reshape(-1), sorted_ids, expert_ids, num_padded, h, inter // STEP_K,
+        inter // STEP_K, pairs, 1, act.stride(0), w2.stride(0), w2.stride(1), 0, down.stride(0), BLOCK_N=bn,
+        GATED=False, ROUTE_WEIGHTED=True, **common)
     return out.copy_(down.view(t, top_k, h).sum(1))
