@@ -55,70 +55,100 @@ def row_bytes(qtype: int, k: int) -> int:
 
 
 @triton.jit
-def _f16_at(p):
-    """The little-endian fp16 at byte pointers ``p`` (any shape), as float32 (only 2-byte alignment is needed)."""
-    lo = tl.load(p).to(tl.uint16)
-    hi = tl.load(p + 1).to(tl.uint16)
-    return (lo | (hi << 8)).to(tl.float16, bitcast=True).to(tl.float32)
-
-
-@triton.jit
-def _k_scale_min(sbp, g):
-    """6-bit (scale, min) of 32-groups ``g`` ([G]) of Q4_K/Q5_K super-blocks at byte pointers ``sbp`` ([BN]).
-
-    The 12 bytes s[0..11] pack groups 0-3 in the low 6 bits of s[0..3] (scales) and s[4..7] (mins); groups 4-7
-    in the nibbles of s[8..11] with their top 2 bits in the high bits of s[0..3] (scales) and s[4..7] (mins)."""
-    sp = sbp[:, None] + 4
-    gl = g[None, :]
-    x = tl.load(sp + gl)                               # s[g]
-    y = tl.load(sp + gl + 4)                           # s[g + 4]
-    z = tl.load(sp + tl.where(gl >= 4, gl - 4, 0))     # s[g - 4] (used for g >= 4 only)
-    low = gl < 4
-    sc = tl.where(low, x & 63, (y & 15) | ((z >> 6) << 4))
-    mn = tl.where(low, y & 63, (y >> 4) | ((x >> 6) << 4))
-    return sc.to(tl.float32), mn.to(tl.float32)
-
-
-@triton.jit
-def _weight_tile(wp, i, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Values k in [128 i, 128 i + 128) of BLOCK_N weight rows whose first bytes are at ``wp`` ([BLOCK_N] uint8
-    pointers), as float32 [BLOCK_N, 128] in natural k order."""
+def _load_step(wp, i, QTYPE: tl.constexpr):
+    """Issue the loads of step i (values k in [128 i, 128 i + 128)) of the weight rows at byte pointers ``wp``
+    ([BLOCK_N]); :func:`_decode_step` turns them into weights.  Split in two so a loop can issue step i + 1's
+    loads before it decodes step i (the scale loads are too small for Triton's async-copy pipeline, and on rows
+    only 2-byte aligned — Q6_K, Q8_0 — so are the codes: prefetching hides their latency instead)."""
     if QTYPE == 8:  # Q8_0: four 34-byte blocks
-        b = 4 * i + tl.arange(0, 4)
-        bp = wp[:, None] + b[None, :] * 34                                       # [BN, 4]
-        d = _f16_at(bp)
-        q = tl.load(bp[:, :, None] + 2 + tl.arange(0, 32)[None, None, :])       # [BN, 4, 32]
-        w = d[:, :, None] * q.to(tl.int8, bitcast=True).to(tl.float32)
+        bp = wp[:, None] + (4 * i + tl.arange(0, 4))[None, :] * 34                         # [BN, 4]
+        d = tl.load(bp.to(tl.pointer_type(tl.int16)))
+        q = tl.load(bp[:, :, None] + 2 + tl.arange(0, 32)[None, None, :])                  # [BN, 4, 32]
+        return d, q, q, q
     elif QTYPE == 14:  # Q6_K: half a 210-byte super-block as 8 groups of 16
         sbp = wp + (i // 2) * 210
         hf = i % 2
         s = tl.arange(0, 8)[None, :, None]
         l16 = tl.arange(0, 16)[None, None, :]
         p3 = sbp[:, None, None]
-        ql = tl.load(p3 + 64 * hf + 32 * ((s // 2) % 2) + 16 * (s % 2) + l16)  # [BN, 8, 16]
+        ql = tl.load(p3 + 64 * hf + 32 * ((s // 2) % 2) + 16 * (s % 2) + l16)              # [BN, 8, 16]
         qh = tl.load(p3 + 128 + 32 * hf + 16 * (s % 2) + l16)
-        q = ((ql >> (4 * (s // 4)).to(tl.uint8)) & 15) | (((qh >> (2 * (s // 2)).to(tl.uint8)) & 3) << 4)
-        sc = tl.load(sbp[:, None] + 192 + 8 * hf + tl.arange(0, 8)[None, :]).to(tl.int8, bitcast=True)
-        d = _f16_at(sbp + 208)
-        w = (d[:, None] * sc.to(tl.float32))[:, :, None] * (q.to(tl.float32) - 32.0)
-    else:  # Q4_K (12) / Q5_K (13): half a super-block as 4 groups of 32
+        sc = tl.load(sbp[:, None] + 192 + 8 * hf + tl.arange(0, 8)[None, :])                # [BN, 8]
+        d = tl.load((sbp + 208).to(tl.pointer_type(tl.int16)))                              # [BN]
+        return d, ql, qh, sc
+    else:  # Q4_K (12) / Q5_K (13): half a super-block; its first 16 bytes as 4 words (16-byte aligned rows)
         SB: tl.constexpr = 144 if QTYPE == 12 else 176
         QS: tl.constexpr = 16 if QTYPE == 12 else 48
         sbp = wp + (i // 2) * SB
-        g = (i % 2) * 4 + tl.arange(0, 4)
-        sc, mn = _k_scale_min(sbp, g)
-        d = _f16_at(sbp)
-        dmin = _f16_at(sbp + 2)
-        g3 = g[None, :, None]
-        l32 = tl.arange(0, 32)[None, None, :]
-        p3 = sbp[:, None, None]
-        qb = tl.load(p3 + QS + 32 * (g3 // 2) + l32)                           # [BN, 4, 32]
-        q = (qb >> (4 * (g3 % 2)).to(tl.uint8)) & 15
+        words = tl.load(sbp[:, None].to(tl.pointer_type(tl.int32)) + tl.arange(0, 4)[None, :])  # [BN, 4]
+        c = (i % 2) * 2 + tl.arange(0, 2)[None, :, None]
+        qb = tl.load(sbp[:, None, None] + QS + 32 * c + tl.arange(0, 32)[None, None, :])    # [BN, 2, 32]
         if QTYPE == 13:
-            qh = tl.load(p3 + 16 + l32)                                          # [BN, 1, 32]
-            q = q | (((qh >> g3.to(tl.uint8)) & 1) << 4)
-        w = (d[:, None] * sc)[:, :, None] * q.to(tl.float32) - (dmin[:, None] * mn)[:, :, None]
+            qh = tl.load(sbp[:, None] + 16 + tl.arange(0, 32)[None, :])                     # [BN, 32]
+        else:
+            qh = qb
+        return words, qb, qh, qh
+
+
+@triton.jit
+def _word(words, j: tl.constexpr):
+    """Column j of a [BN, 4] int32 tile, as [BN] (a masked sum: the tile is in registers)."""
+    return tl.sum(tl.where(tl.arange(0, 4)[None, :] == j, words, 0), axis=1)
+
+
+@triton.jit
+def _bytes_of(word):
+    """The 4 bytes of each int32 of ``word`` ([BN]) as [BN, 4] int32, little-endian."""
+    return (word[:, None] >> (8 * tl.arange(0, 4))[None, :]) & 255
+
+
+@triton.jit
+def _decode_step(raw, i, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The loads of :func:`_load_step` as float32 weights [BLOCK_N, 128] in natural k order."""
+    if QTYPE == 8:
+        d, q, _, _ = raw
+        w = d.to(tl.float16, bitcast=True).to(tl.float32)[:, :, None] * q.to(tl.int8, bitcast=True).to(tl.float32)
+    elif QTYPE == 14:
+        d, ql, qh, sc = raw
+        s = tl.arange(0, 8)[None, :, None]
+        q = ((ql >> (4 * (s // 4)).to(tl.uint8)) & 15) | (((qh >> (2 * (s // 2)).to(tl.uint8)) & 3) << 4)
+        scale = d.to(tl.float16, bitcast=True).to(tl.float32)[:, None] * sc.to(tl.int8, bitcast=True).to(tl.float32)
+        w = scale[:, :, None] * (q.to(tl.float32) - 32.0)
+    else:
+        words, qb, qh, _ = raw
+        # 6-bit (scale, min) of the 4 groups g = 4 hf + j: the 12 bytes s[0..11] (words 1-3) pack groups 0-3 in the
+        # low 6 bits of s[0..3] (scales) and s[4..7] (mins); groups 4-7 in the nibbles of s[8..11] with their top
+        # 2 bits in the high bits of s[0..3] (scales) and s[4..7] (mins).
+        s03 = _bytes_of(_word(words, 1))
+        s47 = _bytes_of(_word(words, 2))
+        s811 = _bytes_of(_word(words, 3))
+        if i % 2 == 0:
+            sc = s03 & 63
+            mn = s47 & 63
+        else:
+            sc = (s811 & 15) | ((s03 >> 6) << 4)
+            mn = (s811 >> 4) | ((s47 >> 6) << 4)
+        w0 = _word(words, 0)
+        d = (w0 & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        dmin = ((w0 >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        lo = qb & 15                                                                         # groups 2c
+        hi = qb >> 4                                                                         # groups 2c + 1
+        if QTYPE == 13:
+            c = (i % 2) * 2 + tl.arange(0, 2)[None, :, None]
+            hb = qh[:, None, :]
+            lo = lo | (((hb >> (2 * c).to(tl.uint8)) & 1) << 4)
+            hi = hi | (((hb >> (2 * c + 1).to(tl.uint8)) & 1) << 4)
+        q = tl.reshape(tl.permute(tl.join(lo, hi), (0, 1, 3, 2)), (BLOCK_N, 4, 32))          # [BN, g, 32]
+        w = (d[:, None] * sc.to(tl.float32))[:, :, None] * q.to(tl.float32) \
+            - (dmin[:, None] * mn.to(tl.float32))[:, :, None]
     return tl.reshape(w, (BLOCK_N, 128))
+
+
+@triton.jit
+def _weight_tile(wp, i, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Values k in [128 i, 128 i + 128) of BLOCK_N weight rows whose first bytes are at ``wp`` ([BLOCK_N] uint8
+    pointers), as float32 [BLOCK_N, 128] in natural k order."""
+    return _decode_step(_load_step(wp, i, QTYPE), i, QTYPE, BLOCK_N)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -143,10 +173,13 @@ def _linear_kernel(x_ptr, w_ptr, out_ptr, M, N, stride_xm, stride_wn, stride_os,
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     first = pid_s * steps_per_split
     last = tl.minimum(first + steps_per_split, num_steps)
+    raw = _load_step(wp, first, QTYPE)
     for i in range(first, last):
+        nxt = _load_step(wp, tl.minimum(i + 1, last - 1), QTYPE)  # step i + 1's loads in flight while i decodes
         a = tl.load(xp + i * 128, mask=m_ok[:, None], other=0.0)
-        w = _weight_tile(wp, i, QTYPE, BLOCK_N).to(a.dtype)
+        w = _decode_step(raw, i, QTYPE, BLOCK_N).to(a.dtype)
         acc = tl.dot(a, tl.trans(w), acc, input_precision=DOT_PRECISION)
+        raw = nxt
     op = out_ptr + pid_s * stride_os + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
     tl.store(op, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & (offs_n < N)[None, :])
 
@@ -194,13 +227,20 @@ def _moe_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_p
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     first = pid_s * steps_per_split
     last = tl.minimum(first + steps_per_split, num_steps)
+    raw_g = _load_step(wp_g, first, QTYPE)
+    raw_u = _load_step(wp_u, first, QTYPE) if GATED else raw_g
     for i in range(first, last):
+        nxt = tl.minimum(i + 1, last - 1)  # step i + 1's loads in flight while i decodes
+        nxt_g = _load_step(wp_g, nxt, QTYPE)
+        nxt_u = _load_step(wp_u, nxt, QTYPE) if GATED else nxt_g
         a = tl.load(xp + i * 128, mask=ok[:, None], other=0.0)
-        acc = tl.dot(a, tl.trans(_weight_tile(wp_g, i, QTYPE, BLOCK_N).to(a.dtype)), acc,
+        acc = tl.dot(a, tl.trans(_decode_step(raw_g, i, QTYPE, BLOCK_N).to(a.dtype)), acc,
                      input_precision=DOT_PRECISION)
         if GATED:
-            acc_u = tl.dot(a, tl.trans(_weight_tile(wp_u, i, QTYPE, BLOCK_N).to(a.dtype)), acc_u,
+            acc_u = tl.dot(a, tl.trans(_decode_step(raw_u, i, QTYPE, BLOCK_N).to(a.dtype)), acc_u,
                            input_precision=DOT_PRECISION)
+        raw_g = nxt_g
+        raw_u = nxt_u
     if GATED:
         acc = acc / (1.0 + tl.exp(-acc)) * acc_u
     if ROUTE_WEIGHTED:
@@ -260,11 +300,11 @@ def linear_plan(m: int, n: int, k: int, num_sms: int, tuning: dict | None = None
     if m > DENSE_DEQUANT_MIN_M and not tuning:
         return dict(dequant=True)
     if m <= 16:
-        t = dict(DECODE_TUNING, BLOCK_M=16, **(tuning or {}))
+        t = {**DECODE_TUNING, "BLOCK_M": 16, **(tuning or {})}
     elif m <= 64:
-        t = dict(DECODE_TUNING, BLOCK_M=64, **(tuning or {}))
+        t = {**DECODE_TUNING, "BLOCK_M": 64, **(tuning or {})}
     else:
-        t = dict(PREFILL_TUNING, ctas_per_sm=1, **(tuning or {}))
+        t = {**PREFILL_TUNING, "ctas_per_sm": 1, **(tuning or {})}
     tiles = triton.cdiv(m, t["BLOCK_M"]) * triton.cdiv(n, t["BLOCK_N"])
     split, per_split = _split(tiles, steps, num_sms, t["ctas_per_sm"]) if m <= 64 else (1, steps)
     return dict(dequant=False, BLOCK_M=t["BLOCK_M"], BLOCK_N=t["BLOCK_N"], num_warps=t["num_warps"],
@@ -349,11 +389,11 @@ def moe_plan(num_tokens: int, top_k: int, num_experts: int, num_sms: int, tuning
     blocks waste the MMAs, so rows come in larger blocks and gate/up are fused with SiLU in one tile."""
     rows_per_expert = num_tokens * top_k / num_experts
     if rows_per_expert <= MOE_DECODE_MAX_ROWS_PER_EXPERT:
-        t = dict(DECODE_TUNING, BLOCK_M=16, BLOCK_N_W2=32, fused_gate=False, **(tuning or {}))
+        t = {**DECODE_TUNING, "BLOCK_M": 16, "BLOCK_N_W2": 32, "fused_gate": False, **(tuning or {})}
     else:
         bm = 32 if rows_per_expert <= 32 else PREFILL_TUNING["BLOCK_M"]
-        t = dict(PREFILL_TUNING, BLOCK_M=bm, BLOCK_N_W2=PREFILL_TUNING["BLOCK_N"], fused_gate=True, ctas_per_sm=1,
-                 **(tuning or {}))
+        t = {**PREFILL_TUNING, "BLOCK_M": bm, "BLOCK_N_W2": PREFILL_TUNING["BLOCK_N"], "fused_gate": True,
+             "ctas_per_sm": 1, **(tuning or {})}
     return t
 
 
