@@ -451,3 +451,42 @@ def gguf_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights:
         inter // STEP_K, pairs, 1, act.stride(0), w2.stride(0), w2.stride(1), 0, down.stride(0), BLOCK_N=bn,
         GATED=False, ROUTE_WEIGHTED=True, **common)
     return out.copy_(down.view(t, top_k, h).sum(1))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# every compiled variant (for the offline compile test: tests/kernels/test_compile_targets_gguf_matmul.py)
+# ----------------------------------------------------------------------------------------------------------------
+
+_LINEAR_SIG = {"x_ptr": "*bf16", "w_ptr": "*u8", "out_ptr": "*bf16", "M": "i32", "N": "i32", "stride_xm": "i32",
+               "stride_wn": "i32", "stride_os": "i32", "stride_om": "i32", "steps_per_split": "i32",
+               "num_steps": "i32"}
+_DEQUANT_SIG = {"w_ptr": "*u8", "out_ptr": "*bf16", "N": "i32", "stride_wn": "i32", "stride_on": "i32"}
+_MOE_SIG = {"x_ptr": "*bf16", "w_ptr": "*u8", "out_ptr": "*bf16", "route_w_ptr": "*fp32", "sorted_ids_ptr": "*i32",
+            "expert_ids_ptr": "*i32", "num_padded_ptr": "*i32", "N": "i32", "num_steps": "i32",
+            "steps_per_split": "i32", "num_valid": "i32", "a_row_div": "i32", "stride_xm": "i32",
+            "stride_we": "i32", "stride_wn": "i32", "stride_os": "i32", "stride_om": "i32"}
+
+
+def kernel_configs() -> list[dict]:
+    """Every (kernel, constexprs, warps, stages) the plans above launch, with bf16 activations: name, kernel,
+    signature, constexprs, num_warps, num_stages, divisible_by_16 (argument names the runtime specialises)."""
+    cfgs = []
+    for qt in SUPPORTED_TYPES:
+        for bm, t in ((16, DECODE_TUNING), (64, DECODE_TUNING), (PREFILL_TUNING["BLOCK_M"], PREFILL_TUNING)):
+            cfgs.append(dict(name=f"linear q{qt} m{bm}", kernel=_linear_kernel, signature=_LINEAR_SIG,
+                             constexprs=dict(QTYPE=qt, BLOCK_M=bm, BLOCK_N=t["BLOCK_N"], DOT_PRECISION="tf32"),
+                             num_warps=t["num_warps"], num_stages=t["num_stages"],
+                             divisible_by_16=("x_ptr", "w_ptr", "out_ptr", "stride_xm", "stride_om")))
+        cfgs.append(dict(name=f"dequant q{qt}", kernel=_dequant_kernel, signature=_DEQUANT_SIG,
+                         constexprs=dict(QTYPE=qt, BLOCK_N=32), num_warps=4, num_stages=3,
+                         divisible_by_16=("w_ptr", "out_ptr", "stride_on")))
+        plans = [moe_plan(1, 8, 256, 132), moe_plan(64, 8, 256, 132), moe_plan(4096, 8, 256, 132)]
+        for p in plans:
+            variants = [(p["BLOCK_N"], p["fused_gate"], False), (p["BLOCK_N_W2"], False, True)]
+            for bn, gated, weighted in variants:
+                cfgs.append(dict(name=f"moe q{qt} m{p['BLOCK_M']} n{bn}{' gated' if gated else ''}", kernel=_moe_kernel,
+                                 signature=_MOE_SIG, num_warps=p["num_warps"], num_stages=p["num_stages"],
+                                 constexprs=dict(QTYPE=qt, BLOCK_M=p["BLOCK_M"], BLOCK_N=bn, GATED=gated,
+                                                 ROUTE_WEIGHTED=weighted, DOT_PRECISION="tf32"),
+                                 divisible_by_16=("x_ptr", "w_ptr", "out_ptr", "stride_xm", "stride_om")))
+    return cfgs

@@ -1,0 +1,58 @@
+"""Every GGUF matmul kernel variant the plans launch compiles offline (no GPU) for the shim's targets within the
+101376-byte shared-memory budget of sm_120/121 (also below sm_80/86/89's limits), and uses tensor-core MMAs.
+
+Compilation runs in a subprocess without TRITON_INTERPRET (this process interprets kernels)."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from glm5_shim.kernels.limits import SMEM_LIMIT
+
+TARGETS = [120, 121, 89, 86, 80, 90]  # the shim's targets, plus sm_90: the H200 that runs the GPU tests/bench
+
+_SCRIPT = textwrap.dedent(
+    r"""
+    import json, sys
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from glm5_shim.kernels import gguf_matmul as gm
+
+    cc = int(sys.argv[1])
+    for cfg in gm.kernel_configs():
+        kernel = cfg["kernel"]
+        names = kernel.arg_names
+        sig = dict(cfg["signature"], **{k: "constexpr" for k in cfg["constexprs"]})
+        attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in cfg["divisible_by_16"]}
+        src = triton.compiler.ASTSource(kernel, sig, constexprs=cfg["constexprs"], attrs=attrs)
+        rec = {"name": cfg["name"], "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
+        try:
+            k = triton.compile(src, target=GPUTarget("cuda", cc, 32),
+                               options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
+            ptx = k.asm["ptx"]
+            rec.update(ok=True, shared=int(k.metadata.shared), mma=("mma" in ptx))
+        except Exception as e:  # report, do not stop: the test lists every failure
+            rec.update(ok=False, error=f"{type(e).__name__}: {str(e)[:400]}")
+        print("RESULT " + json.dumps(rec), flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("cc", TARGETS)
+def test_gguf_matmul_configs_compile(cc, repo_root):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(repo_root) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", _SCRIPT, str(cc)], cwd=repo_root, env=env, capture_output=True,
+                          text=True, timeout=1200)
+    recs = [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and recs, f"compile driver failed:\n{proc.stderr[-3000:]}"
+    failed = [r for r in recs if not r["ok"]]
+    assert not failed, json.dumps(failed, indent=1)
+    too_big = [r for r in recs if r["shared"] > SMEM_LIMIT]
+    assert not too_big, json.dumps(too_big, indent=1)
+    no_mma = [r["name"] for r in recs if not r["mma"] and not r["name"].startswith("dequant")]
+    assert not no_mma, no_mma
+    print(f"\nsm_{cc}: " + ", ".join(f"{r['name']}={r['shared']}" for r in recs))

@@ -1,0 +1,116 @@
+"""GGUF matmul kernels under the Triton interpreter (CPU), against float64 on the ``gguf`` package's dequantization.
+
+fp32 activations: the kernel's dot is fp32 (ieee), weights decode exactly in fp32 (d*sc is exact, q*scale and
+its min subtraction round once each): 1e-5 relative.  fp16: weights and the output round once to fp16
+(2**-12 relative, rms 2**-12/sqrt(3) each): 2e-3 (bf16 is covered on the GPU; the interpreter's bf16 dot is wrong).
+"""
+import pytest
+import torch
+
+from glm5_shim.kernels import gguf_matmul as gm
+from glm5_shim.kernels import gguf_matmul_reference as ref
+
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
+
+TYPES = {"Q4_K": gm.Q4_K, "Q6_K": gm.Q6_K, "Q5_K": gm.Q5_K, "Q8_0": gm.Q8_0}
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
+
+
+def _rel(got, want):
+    return ((got.double() - want).norm() / want.norm()).item()
+
+
+@pytest.mark.parametrize("name", list(TYPES))
+@pytest.mark.parametrize("blocks", ["random", "quantizer"])
+def test_linear_every_type(name, blocks):
+    qt = TYPES[name]
+    g = torch.Generator().manual_seed(qt * 3 + (blocks == "random"))
+    n, k = 40, 512
+    w = ref.random_blocks(qt, n, k, g) if blocks == "random" else ref.quantized_blocks(
+        qt, torch.randn(n, k, generator=g) * 0.02)
+    w64 = ref.dequantize(w, qt, k)
+    for m, dtype in ((1, torch.float32), (5, torch.float16), (19, torch.float32)):
+        x = torch.randn(m, k, generator=g).to(dtype)
+        assert _rel(gm.gguf_linear(x, w, qt), x.double() @ w64.T) <= TOL[dtype], (name, m, dtype)
+
+
+def test_linear_plans_split_decode_and_dequantize_prefill():
+    """Decode splits K to fill the GPU, prefill above DENSE_DEQUANT_MIN_M rows dequantizes for a plain matmul;
+    both give the same product."""
+    g = torch.Generator().manual_seed(2)
+    w = ref.random_blocks(gm.Q4_K, 70, 1024, g)
+    w64 = ref.dequantize(w, gm.Q4_K, 1024)
+    decode = gm.linear_plan(3, 70, 1024, num_sms=16)
+    assert not decode["dequant"] and decode["split"] > 1
+    assert decode["split"] * decode["steps_per_split"] >= 1024 // gm.STEP_K
+    m = gm.DENSE_DEQUANT_MIN_M + 1
+    assert gm.linear_plan(m, 70, 1024, num_sms=16)["dequant"]
+    x = torch.randn(m, 1024, generator=g)
+    assert _rel(gm.gguf_linear(x, w, gm.Q4_K), x.double() @ w64.T) <= TOL[torch.float32]
+    x = x[:3]
+    assert _rel(gm.gguf_linear(x, w, gm.Q4_K, plan=decode), x.double() @ w64.T) <= TOL[torch.float32]
+
+
+def test_linear_reads_a_row_view_of_a_padded_merged_weight():
+    g = torch.Generator().manual_seed(4)
+    a = ref.random_blocks(gm.Q4_K, 24, 512, g)
+    b = ref.random_blocks(gm.Q6_K, 16, 512, g)
+    padded = torch.zeros(40, b.shape[1], dtype=torch.uint8)
+    padded[:24, : a.shape[1]] = a
+    padded[24:] = b
+    x = torch.randn(3, 512, generator=g)
+    assert _rel(gm.gguf_linear(x, padded[:24], gm.Q4_K), ref.linear_reference(x, a, gm.Q4_K)) <= 1e-5
+    assert _rel(gm.gguf_linear(x, padded[24:], gm.Q6_K), ref.linear_reference(x, b, gm.Q6_K)) <= 1e-5
+
+
+def test_bad_weights_are_refused_in_one_line():
+    x = torch.randn(2, 512)
+    with pytest.raises(ValueError, match="GGUF type 2 has no shim kernel"):
+        gm.gguf_linear(x, torch.zeros(4, 288, dtype=torch.uint8), 2)
+    with pytest.raises(ValueError, match="expected 288 contiguous bytes"):
+        gm.gguf_linear(x, torch.zeros(4, 200, dtype=torch.uint8), gm.Q4_K)
+    with pytest.raises(ValueError, match="K=320 is not a multiple of 256"):
+        gm.gguf_linear(torch.randn(2, 320), torch.zeros(4, 360, dtype=torch.uint8), gm.Q8_0)
+
+
+def _moe(q13, q2, e, h, inter, t, top_k, g, hot=False):
+    w13 = torch.stack([ref.random_blocks(q13, 2 * inter, h, g) for _ in range(e)])
+    w2 = torch.stack([ref.random_blocks(q2, h, inter, g) for _ in range(e)])
+    x = torch.randn(t, h, generator=g)
+    ids = (torch.arange(top_k).repeat(t, 1) if hot else
+           torch.stack([torch.randperm(e, generator=g)[:top_k] for _ in range(t)])).to(torch.int32)
+    wts = torch.rand(t, top_k, generator=g)
+    return w13, w2, x, ids, wts
+
+
+@pytest.mark.parametrize("q13,q2", [("Q4_K", "Q6_K"), ("Q5_K", "Q8_0")])
+def test_moe_decode_split_and_prefill_fused(q13, q2):
+    """Few rows per expert: w13 split over K, SiLU after the sum; many rows per expert (one expert set hot):
+    gate and up fused in one tile.  Both against float64."""
+    q13, q2 = TYPES[q13], TYPES[q2]
+    g = torch.Generator().manual_seed(q13 + 17 * q2)
+    e, h, inter, top_k = 8, 256, 256, 2
+    for t, hot in ((3, False), (24, True)):
+        w13, w2, x, ids, wts = _moe(q13, q2, e, h, inter, t, top_k, g, hot)
+        plan = gm.moe_plan(t, top_k, e, num_sms=16)
+        assert plan["fused_gate"] == hot
+        want = ref.moe_reference(x, w13, w2, wts, ids, q13, q2)
+        assert _rel(gm.gguf_moe(x, w13, w2, wts, ids, q13, q2), want) <= TOL[torch.float32], (t, hot)
+    got = gm.gguf_moe(x.half(), w13, w2, wts, ids, q13, q2)
+    assert _rel(got, ref.moe_reference(x.half(), w13, w2, wts, ids, q13, q2)) <= 2 * TOL[torch.float16]
+
+
+def test_moe_align_groups_every_routed_row_once_in_blocks_of_its_expert():
+    g = torch.Generator().manual_seed(8)
+    for t, e, top_k, bm in ((1, 16, 4, 16), (7, 8, 3, 4), (50, 6, 2, 8)):
+        ids = torch.stack([torch.randperm(e, generator=g)[:top_k] for _ in range(t)])
+        sorted_ids, expert_ids, num_padded = gm.moe_align(ids, bm, e)
+        n = int(num_padded)
+        counts = torch.bincount(ids.reshape(-1), minlength=e)
+        assert n == int(((counts + bm - 1) // bm * bm).sum())
+        rows = sorted_ids[:n].view(-1, bm).long()
+        real = rows < ids.numel()
+        assert torch.equal(rows[real].sort().values, torch.arange(ids.numel()))
+        owner = expert_ids[: n // bm].long()[:, None].expand_as(rows)[real]
+        assert torch.equal(owner, ids.reshape(-1).long()[rows[real]])
+        assert sorted_ids.numel() >= n and expert_ids.numel() * bm >= n
