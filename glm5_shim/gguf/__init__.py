@@ -10,7 +10,7 @@ and torch are imported inside the functions that need them).
   dequant     dequantize(tensor) → float32; the GGML types vLLM 0.23 runs
   validate    validate(path) → [Finding], check(path)
   tokenizer   build_hf_tokenizer(path), save_tokenizer_dir(path, out_dir)
-  fixture     make_tiny(out_path, ...) → tiny random glm-dsa GGUF + reference weights
+  fixture     make_tiny(out_path, ...) → tiny random glm-dsa GGUF + reference weights (a package: one module a job)
   report      inspect_report(path), format_report(report)  (python -m glm5_shim inspect)
   memory      longest_context(config, weight_bytes, kv_dtype) → the longest --max-model-len that fits a GPU
 """
