@@ -288,8 +288,8 @@ def _split(tiles: int, steps: int, num_sms: int, ctas_per_sm: int) -> tuple[int,
 # tiles, K split to fill the GPU.  Prefill: square tiles big enough that decoding a weight tile costs less than
 # its MMAs; above DENSE_DEQUANT_MIN_M rows a dense linear dequantizes its weight to the activation dtype in
 # row chunks and lets cuBLAS multiply (the decode cost is then paid once per weight, not once per row tile).
-DECODE_TUNING = dict(BLOCK_N=32, num_warps=4, num_stages=4, ctas_per_sm=4)
-PREFILL_TUNING = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)
+DECODE_TUNING = dict(BLOCK_N=64, num_warps=4, num_stages=3, ctas_per_sm=4)
+PREFILL_TUNING = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
 DENSE_DEQUANT_MIN_M = 128
 DEQUANT_CHUNK_BYTES = 64 << 20
 
@@ -389,10 +389,10 @@ def moe_plan(num_tokens: int, top_k: int, num_experts: int, num_sms: int, tuning
     blocks waste the MMAs, so rows come in larger blocks and gate/up are fused with SiLU in one tile."""
     rows_per_expert = num_tokens * top_k / num_experts
     if rows_per_expert <= MOE_DECODE_MAX_ROWS_PER_EXPERT:
-        t = {**DECODE_TUNING, "BLOCK_M": 16, "BLOCK_N_W2": 32, "fused_gate": False, **(tuning or {})}
+        t = {**DECODE_TUNING, "BLOCK_M": 16, "BLOCK_N_W2": DECODE_TUNING["BLOCK_N"], "fused_gate": False,
+             **(tuning or {})}
     else:
-        bm = 32 if rows_per_expert <= 32 else PREFILL_TUNING["BLOCK_M"]
-        t = {**PREFILL_TUNING, "BLOCK_M": bm, "BLOCK_N_W2": PREFILL_TUNING["BLOCK_N"], "fused_gate": True,
+        t = {**PREFILL_TUNING, "BLOCK_N_W2": PREFILL_TUNING["BLOCK_N"], "fused_gate": True,
              "ctas_per_sm": 1, **(tuning or {})}
     return t
 
