@@ -25,7 +25,7 @@ the K tile (G = next_n padded to a power of 2).
 
 FP8: sm_89+ read e4m3 through float8e4nv pointers and use fp8 MMAs (Triton 3.6 turns the fp8 dot on sm_121 into
 hardware cvt + f16 MMAs).  sm_80/86 have no fp8 type in Triton, so both operands are decoded from bytes with
-integer ops (the shift trick of ``fp8.py``, without its x256 / sign select: see :func:`_e4m3_bytes_to_f16_div256`)
+integer ops (``fp8.e4m3_bytes_to_f16_div256``: the shift trick without the x256 / sign select of its f32 decode)
 and multiplied in fp16; the 2**16 this leaves out is folded into w.  Both are exact products with fp32 sums.
 """
 from __future__ import annotations
@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from glm5_shim.kernels.fp8 import native_fp8_supported
+from glm5_shim.kernels.fp8 import e4m3_bytes_to_f16_div256, native_fp8_supported
 
 HEAD_DIM = 128
 SUPPORTED_HEADS = (16, 32, 64)
@@ -56,25 +56,12 @@ _FILL_BLOCK = 1024
 
 
 @triton.jit
-def _e4m3_bytes_to_f16_div256(x):
-    """e4m3 bytes -> fp16 equal to value / 256, exactly (subnormals included).
-
-    Same bit trick as ``fp8.e4m3_bytes_to_f32`` (exponent/mantissa shifted onto fp16's fields, whose bias is 8
-    higher), but the sign bit is moved instead of selected and the x256 is left to the caller: 3 integer ops per
-    element on the sm_80/86 hot path instead of ~10.  NaN bytes (never written by vLLM) decode to +-480/256.
-    """
-    b = x.to(tl.int16) & 0xFF
-    bits = ((b & 0x80) << 8) | ((b & 0x7F) << 7)
-    return bits.to(tl.float16, bitcast=True)
-
-
-@triton.jit
 def _as_dot_operand(x, NATIVE: tl.constexpr):
     # Native: x was loaded through a float8e4nv pointer, so the MMA can read it straight from shared memory.
     if NATIVE:
         return x
     else:
-        return _e4m3_bytes_to_f16_div256(x)
+        return e4m3_bytes_to_f16_div256(x)
 
 
 @triton.jit

@@ -41,8 +41,9 @@ import triton
 import triton.language as tl
 
 from glm5_shim.kernels.sparse_mla_reference import fp8_ds_mla_rope_dtype  # noqa: F401  (part of this API)
-from glm5_shim.kernels.fp8 import (e4m3_bytes_to_bf16_scaled, e4m3_bytes_to_bf16_scaled_ptx,
-                                   e4m3_bytes_to_f16_div256_ptx, e4m3_bytes_to_f32, native_fp8_supported)
+from glm5_shim.kernels.fp8 import FP8_DECODES, e4m3_bytes_decode, native_fp8_supported
+# tests/gpu/test_sparse_mla_gpu.py imports fp8.py's portable fp16 decode under this module's old name for it
+from glm5_shim.kernels.fp8 import e4m3_bytes_to_f16_div256 as _e4m3_to_f16_div256  # noqa: F401
 
 D_LATENT = 512
 D_ROPE = 64
@@ -51,16 +52,7 @@ D_V = 512
 FP8_ROW_BYTES = 656  # 512 e4m3 + 4 fp32 scales + 64 rope values (bf16; fp16 under fp16 queries)
 FP8_SCALE_OFFSET = tl.constexpr(512)  # constexpr: read inside the kernel
 FP8_ROPE_OFFSET = tl.constexpr(528)
-# How a kernel turns e4m3 bytes into dot inputs of the dots' dtype (the FP8_DECODE constexpr) and the factor K_F the
-# decoded K is off by (folded back through the per-128 scales).  On a GPU the fp8 cache's dots are always bf16
-# (compute_dtype: fp16 queries too); the interpreter's are fp32.
-#   "f32"      float32 (interpreter exactness path), K_F 1
-#   "cvt"      Triton's float8e4nv -> f16 conversion, then f16 -> f32 -> bf16 (sm_89+), K_F 1
-#   "f16bits"  integer bit trick to fp16 holding value / 2**8, then -> bf16 (any target), K_F 2**8
-#   "f16ptx"   the same result from four-bytes-at-a-time PTX (prmt + masks; GPU only)
-#   "bf16bits" integer bit trick to bf16 holding value * 2**-120 (any target), K_F 2**-120
-#   "bf16ptx"  the same result from four-bytes-at-a-time PTX (GPU only)
-FP8_DECODES = ("f32", "cvt", "f16bits", "f16ptx", "bf16bits", "bf16ptx")
+# The FP8_DECODE constexpr names one of fp8.py's FP8_DECODES (value / K_F, the factor folded back through the scales)
 NO_FP8_DECODE = "none"  # the constexpr's value for a bf16 cache (one compiled variant, whatever the override)
 # bf16 decodes: q's latent is lifted by 2**64 so q.k products stay far above fp32's underflow; scores get 2**56 and
 # P 2**96 (P * scale stays < 2**127 for scales below 2**31), the output 2**24 back: 64 + 56 = 96 + 24 = 120
@@ -78,35 +70,6 @@ _TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.floa
 # ---------------------------------------------------------------------------------------------------------------
 # Kernels
 # ---------------------------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _e4m3_to_f16_div256(x):
-    """e4m3 bytes -> fp16 holding value / 256, exactly (subnormals too): the 7 exponent+mantissa bits land on the
-    fp16 exponent/mantissa fields one bias step (2**8) low.  Pure integer ops; the 2**8 is folded into the scale."""
-    b = x.to(tl.int32)
-    bits = ((b & 0x7F) << 7) | ((b & 0x80) << 8)
-    return bits.to(tl.int16).to(tl.float16, bitcast=True)
-
-
-@triton.jit
-def _decode_e4m3(raw, DT: tl.constexpr, FP8_DECODE: tl.constexpr):
-    """e4m3 bytes -> DT by the method named in FP8_DECODE; the result is value / K_F (see FP8_DECODES), which the
-    callers fold back in through the per-128 scales."""
-    if FP8_DECODE == "f32":
-        return e4m3_bytes_to_f32(raw)
-    elif FP8_DECODE == "cvt":
-        # e4m3 -> f16 is one cvt per pair on sm_89+; Triton's direct e4m3 -> bf16 emits cvt.bf16.f16, which
-        # ptxas rejects below sm_90, so bf16 goes through f32
-        return raw.to(tl.float8e4nv, bitcast=True).to(tl.float16).to(tl.float32).to(DT)
-    elif FP8_DECODE == "f16ptx":
-        return e4m3_bytes_to_f16_div256_ptx(raw).to(DT)
-    elif FP8_DECODE == "bf16bits":
-        return e4m3_bytes_to_bf16_scaled(raw)
-    elif FP8_DECODE == "bf16ptx":
-        return e4m3_bytes_to_bf16_scaled_ptx(raw)
-    else:  # "f16bits"
-        return _e4m3_to_f16_div256(raw).to(DT)
 
 
 @triton.jit
@@ -195,14 +158,14 @@ def _attend_tile(q0, q1, q2, q3, qr, c0, c1, c2, c3, v0, v1, v2, v3, kr, s0, s1,
         F16_BITS: tl.constexpr = (FP8_DECODE == "f16bits") or (FP8_DECODE == "f16ptx")
         QK_F: tl.constexpr = 256.0 if F16_BITS else (BF16_QK_F if BF16_DECODE else 1.0)
         PV_F: tl.constexpr = 256.0 if F16_BITS else (BF16_PV_F if BF16_DECODE else 1.0)
-        k0 = _decode_e4m3(c0, DT, FP8_DECODE)
-        k1 = _decode_e4m3(c1, DT, FP8_DECODE)
-        k2 = _decode_e4m3(c2, DT, FP8_DECODE)
-        k3 = _decode_e4m3(c3, DT, FP8_DECODE)
-        w0 = _decode_e4m3(v0, DT, FP8_DECODE)
-        w1 = _decode_e4m3(v1, DT, FP8_DECODE)
-        w2 = _decode_e4m3(v2, DT, FP8_DECODE)
-        w3 = _decode_e4m3(v3, DT, FP8_DECODE)
+        k0 = e4m3_bytes_decode(c0, DT, FP8_DECODE)
+        k1 = e4m3_bytes_decode(c1, DT, FP8_DECODE)
+        k2 = e4m3_bytes_decode(c2, DT, FP8_DECODE)
+        k3 = e4m3_bytes_decode(c3, DT, FP8_DECODE)
+        w0 = e4m3_bytes_decode(v0, DT, FP8_DECODE)
+        w1 = e4m3_bytes_decode(v1, DT, FP8_DECODE)
+        w2 = e4m3_bytes_decode(v2, DT, FP8_DECODE)
+        w3 = e4m3_bytes_decode(v3, DT, FP8_DECODE)
         s = tl.dot(q0, tl.trans(k0), input_precision=PREC) * (s0 * QK_F)[None, :]
         s += tl.dot(q1, tl.trans(k1), input_precision=PREC) * (s1 * QK_F)[None, :]
         s += tl.dot(q2, tl.trans(k2), input_precision=PREC) * (s2 * QK_F)[None, :]
