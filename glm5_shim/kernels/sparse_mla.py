@@ -519,27 +519,18 @@ def sparse_mla_attention(q, kv_cache: torch.Tensor, indices: torch.Tensor, sm_sc
 
     os_ = out.stride()
     ls = lse.stride()
-    if plan.num_splits == 1:
-        _sparse_mla_fwd_kernel[plan.fwd_grid](
-            q_nope, q_pe, kv, indices, out, lse,
-            sm_scale * LOG2E,
-            H, K, nb * bs, bs, plan.num_hb, 1,
-            qs[0], qs[1], ps[0], ps[1],
-            stride_kb, stride_kr, indices.stride(0),
-            os_[0], 0, os_[1],
-            ls[0], 0, ls[1],
-            **plan.fwd_kwargs)
-        return out, lse
-
-    if workspace is None:
-        workspace = torch.empty(plan.ws_numel, dtype=torch.float32, device=dev)
-    elif workspace.dtype != torch.float32 or workspace.numel() < plan.ws_numel or not workspace.is_contiguous():
-        raise ValueError(f"workspace must be a contiguous float32 tensor with >= {plan.ws_numel} elements")
-    # partial outputs [T, S, H, 512] from the workspace's start (passed as is: same pointer), then LSEs [T, S, H]
-    ws_lse = workspace[plan.n_out:]
-    w = plan.ws_strides
+    if plan.num_splits == 1:  # the forward kernel writes the result itself (split stride 0)
+        fwd_out, fwd_lse, w = out, lse, (os_[0], 0, os_[1], ls[0], 0, ls[1])
+    else:
+        if workspace is None:
+            workspace = torch.empty(plan.ws_numel, dtype=torch.float32, device=dev)
+        elif (workspace.dtype != torch.float32 or workspace.numel() < plan.ws_numel
+              or not workspace.is_contiguous()):
+            raise ValueError(f"workspace must be a contiguous float32 tensor with >= {plan.ws_numel} elements")
+        # partial outputs [T, S, H, 512] from the workspace's start (passed as is: same pointer), then LSEs [T, S, H]
+        fwd_out, fwd_lse, w = workspace, workspace[plan.n_out:], plan.ws_strides
     _sparse_mla_fwd_kernel[plan.fwd_grid](
-        q_nope, q_pe, kv, indices, workspace, ws_lse,
+        q_nope, q_pe, kv, indices, fwd_out, fwd_lse,
         sm_scale * LOG2E,
         H, K, nb * bs, bs, plan.num_hb, plan.num_splits,
         qs[0], qs[1], ps[0], ps[1],
@@ -547,8 +538,10 @@ def sparse_mla_attention(q, kv_cache: torch.Tensor, indices: torch.Tensor, sm_sc
         w[0], w[1], w[2],
         w[3], w[4], w[5],
         **plan.fwd_kwargs)
+    if plan.num_splits == 1:
+        return out, lse
     _sparse_mla_combine_kernel[plan.combine_grid](
-        workspace, ws_lse, out, lse,
+        workspace, fwd_lse, out, lse,
         H, plan.num_splits,
         w[0], w[1], w[2],
         w[3], w[4], w[5],
