@@ -39,6 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
+from glm5_shim.kernels.device import cuda_capability_and_sms
 from glm5_shim.kernels.fp8 import e4m3_bytes_to_f16_div256, native_fp8_supported
 
 HEAD_DIM = 128
@@ -278,7 +279,7 @@ def _fill_outside_kernel(out_ptr, stride_or, lo_ptr, hi_ptr, ncols, HAS_LO: tl.c
 
 
 @dataclass(frozen=True)
-class KernelConfig:
+class IndexerKernelConfig:
     """One compiled variant the launchers can pick: kernel, constexprs, launch options and the argument types
     (for ``triton.compile(ASTSource(...))`` in the offline compile test)."""
 
@@ -319,12 +320,12 @@ def _next_pow2(x: int) -> int:
 
 @functools.lru_cache(maxsize=None)
 def prefill_config(native: bool, num_heads: int, block_n: int = 64, num_warps: int = 4,
-                   num_stages: int = 3) -> KernelConfig:
+                   num_stages: int = 3) -> IndexerKernelConfig:
     # G*H = 128 MMA columns (4 rows of 32 heads, 2 of 64, 8 of 16).  64 keys x 128 columns with 4 warps keeps
     # registers ~130-170 and smem 37-53 KB, so 2-3 CTAs share an SM and one's epilogue overlaps another's MMA.
     g = max(1, 128 // num_heads)
     ce = dict(H=num_heads, G=g, D=HEAD_DIM, BLOCK_N=block_n, NATIVE=native)
-    return KernelConfig(
+    return IndexerKernelConfig(
         "mqa_logits", _mqa_logits_kernel, ce, num_warps=num_warps, num_stages=num_stages,
         signature=_with_constexprs(_PREFILL_SIG, ce),
         divisible_by_16=("q_ptr", "k_ptr", "kscale_ptr", "w_ptr", "ks_ptr", "ke_ptr", "out_ptr", "stride_qm",
@@ -333,10 +334,11 @@ def prefill_config(native: bool, num_heads: int, block_n: int = 64, num_warps: i
 
 
 @functools.lru_cache(maxsize=None)
-def decode_config(native: bool, num_heads: int, next_n: int, page: int = 64, num_stages: int = 7) -> KernelConfig:
+def decode_config(native: bool, num_heads: int, next_n: int, page: int = 64,
+                  num_stages: int = 7) -> IndexerKernelConfig:
     nn = _next_pow2(next_n)
     ce = dict(H=num_heads, NN=nn, D=HEAD_DIM, BLOCK_N=min(64, page), PAGE=page, SB=256, NATIVE=native)
-    return KernelConfig(
+    return IndexerKernelConfig(
         "paged_mqa_logits", _paged_mqa_logits_kernel, ce, num_warps=4 if nn * num_heads <= 128 else 8,
         # Triton gives a load behind an indirect (block-table) load (num_stages - 1) // 2 buffers: 7 -> 3 K tiles
         # (24 KB) per CTA, two of them in flight while the third is consumed.
@@ -348,13 +350,13 @@ def decode_config(native: bool, num_heads: int, next_n: int, page: int = 64, num
 
 
 @functools.lru_cache(maxsize=None)
-def fill_config(has_lo: bool) -> KernelConfig:
+def fill_config(has_lo: bool) -> IndexerKernelConfig:
     ce = dict(HAS_LO=has_lo, BLOCK=_FILL_BLOCK)
-    return KernelConfig("fill_outside", _fill_outside_kernel, ce, num_warps=4, num_stages=1,
+    return IndexerKernelConfig("fill_outside", _fill_outside_kernel, ce, num_warps=4, num_stages=1,
                         signature=_with_constexprs(_FILL_SIG, ce), divisible_by_16=("out_ptr", "lo_ptr", "hi_ptr"))
 
 
-def kernel_configs(capability) -> list[KernelConfig]:
+def kernel_configs(capability) -> list[IndexerKernelConfig]:
     """Every (kernel, constexprs, num_warps, num_stages) the launchers can pick on a device of this capability
     (page size 64, the only indexer block size vLLM uses on CUDA)."""
     native = native_fp8_supported(tuple(capability))
@@ -374,16 +376,10 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-@functools.lru_cache(maxsize=None)
-def _device_caps(index: int) -> tuple[tuple[int, int], int]:
-    props = torch.cuda.get_device_properties(index)
-    return (props.major, props.minor), props.multi_processor_count
-
-
-def _device_info(t: torch.Tensor, native: bool | None) -> tuple[bool, int]:
+def _fp8_path_and_sms(t: torch.Tensor, native: bool | None) -> tuple[bool, int]:
     """(use native fp8, SM count).  On CPU (interpreter) default to the native path with a nominal 8 'SMs'."""
     if t.is_cuda:
-        cap, sms = _device_caps(t.get_device())  # a CUDA tensor always knows its device index
+        cap, sms = cuda_capability_and_sms(t.get_device())  # a CUDA tensor always knows its device index
         return (native_fp8_supported(cap) if native is None else native), sms
     return (True if native is None else native), 8
 
@@ -423,7 +419,7 @@ def mqa_logits_impl(q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits, *,
     N = k_fp8.shape[0]
     assert D == HEAD_DIM and k_fp8.shape[1] == D, "indexer head_dim must be 128"
     _check_heads(H)
-    native, sms = _device_info(q_fp8, native)
+    native, sms = _fp8_path_and_sms(q_fp8, native)
     cfg = prefill_config(native, H) if tile is None else prefill_config(native, H, *tile)
     ce = cfg.constexprs
 
@@ -492,13 +488,13 @@ def decode_row_lens(context_lens: torch.Tensor, batch: int, next_n: int) -> torc
 _DECODE_GRID: dict = {}
 
 
-def _decode_grid(cfg: KernelConfig, device: torch.device, sms: int, args, kwargs) -> int:
+def _decode_grid(cfg: IndexerKernelConfig, device: torch.device, sms: int, args, kwargs) -> int:
     """Decode grid size: as many CTAs as fit on the GPU at once (one wave, so the balanced split is not undone
     by a partial second wave), capped at MAX_DECODE_CTAS_PER_SM per SM.  Resolved once per (config, device)
     from the compiled kernel's registers and shared memory; any grid size gives the same result."""
     if device.type != "cuda" or _interpreting():
         return DECODE_CTAS_PER_SM * sms
-    key = (device.index, cfg)  # KernelConfig compares by kernel, constexprs and launch options
+    key = (device.index, cfg)  # IndexerKernelConfig compares by kernel, constexprs and launch options
     grid = _DECODE_GRID.get(key)
     if grid is None:
         per_sm = DECODE_CTAS_PER_SM
@@ -541,7 +537,7 @@ def paged_mqa_logits_impl(q, kv_cache, weights, context_lens, block_tables, sche
     _check_heads(H)
     if next_n not in SUPPORTED_NEXT_N:
         raise NotImplementedError(f"next_n {next_n} not in {SUPPORTED_NEXT_N}")
-    native, sms = _device_info(q_fp8, native)
+    native, sms = _fp8_path_and_sms(q_fp8, native)
 
     cache = _u8(kv_cache)
     page = cache.shape[1]

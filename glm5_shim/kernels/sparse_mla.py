@@ -37,18 +37,21 @@ import torch
 import triton
 import triton.language as tl
 
+from glm5_shim.kernels.device import cuda_capability_and_sms
+# tests/gpu/test_sparse_mla_gpu.py calls the device query by this module's old name for it
+from glm5_shim.kernels.device import cuda_capability_and_sms as _device_info  # noqa: F401
 from glm5_shim.kernels.fp8 import e4m3_bytes_decode
 # tests/gpu/test_sparse_mla_gpu.py imports fp8.py's portable fp16 decode under this module's old name for it
 from glm5_shim.kernels.fp8 import e4m3_bytes_to_f16_div256 as _e4m3_to_f16_div256  # noqa: F401
 from glm5_shim.kernels.sparse_mla_reference import fp8_ds_mla_rope_dtype  # noqa: F401  (part of this API)
 from glm5_shim.kernels.sparse_mla_plan import (CPU_DEFAULT_CAPABILITY, CPU_DEFAULT_NUM_SMS, D_LATENT, D_QK, D_ROPE,
                                               D_V, FP8_ROW_BYTES, KV_FORMATS, NO_FP8_DECODE, FwdTile, _compute_name,
-                                              _device_info, _launch_plan, fp8_decode_method)
+                                              _launch_plan, fp8_decode_method)
 # The launch planning lives in sparse_mla_plan; the rest of its API is re-exported here, where callers, tests and
 # benchmarks have always found it.
 from glm5_shim.kernels.sparse_mla_plan import (  # noqa: F401
-    COMBINE_BLOCK_D, FP8_DECODES, MAX_SPLITS, KernelConfig, _combine_block_s, choose_num_splits, compute_dtype,
-    kernel_configs, select_fwd_tile, workspace_numel)
+    COMBINE_BLOCK_D, FP8_DECODES, MAX_SPLITS, SparseMlaKernelConfig, _combine_block_s, choose_num_splits,
+    compute_dtype, kernel_configs, select_fwd_tile, workspace_numel)
 
 FP8_SCALE_OFFSET = tl.constexpr(512)  # constexpr: read inside the kernel
 FP8_ROPE_OFFSET = tl.constexpr(528)
@@ -505,7 +508,7 @@ def sparse_mla_attention(q, kv_cache: torch.Tensor, indices: torch.Tensor, sm_sc
         return out, lse
 
     if is_cuda:
-        cap, sms = _device_info(dev.index if dev.index is not None else torch.cuda.current_device())
+        cap, sms = cuda_capability_and_sms(dev.index if dev.index is not None else torch.cuda.current_device())
     else:
         cap, sms = CPU_DEFAULT_CAPABILITY, CPU_DEFAULT_NUM_SMS
     if capability is not None:

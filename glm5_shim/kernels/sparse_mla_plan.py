@@ -35,7 +35,7 @@ CPU_DEFAULT_NUM_SMS = 16
 
 
 @dataclasses.dataclass(frozen=True)
-class KernelConfig:
+class SparseMlaKernelConfig:
     """One compiled variant.  ``kernel`` is "fwd" or "combine"; ``constexprs`` are the kernel's constexpr args."""
 
     kernel: str
@@ -176,7 +176,7 @@ def _combine_block_s(num_splits: int) -> int:
     return 8 if num_splits <= 8 else 32
 
 
-def kernel_configs(capability, dtype, kv_format) -> list[KernelConfig]:
+def kernel_configs(capability, dtype, kv_format) -> list[SparseMlaKernelConfig]:
     """Every (kernel, constexprs, num_warps, num_stages) the launch heuristics can pick on ``capability`` for
     query dtype ``dtype`` (bf16/fp16) and ``kv_format``.  fp32 queries are an interpreter-only test path and have
     no GPU configurations.  The fp8 decode is the one :func:`fp8_decode_method` picks on a GPU, so the
@@ -192,7 +192,7 @@ def kernel_configs(capability, dtype, kv_format) -> list[KernelConfig]:
     seen, out = set(), []
     for tile in _fwd_tiles(cap, compute_dtype(dtype, kv_format), kv_format).values():
         for partial in (False, True):
-            cfg = KernelConfig("fwd", tuple(sorted(dict(
+            cfg = SparseMlaKernelConfig("fwd", tuple(sorted(dict(
                 IS_FP8=is_fp8, FP8_DECODE=decode, COMPUTE=compute, WRITE_PARTIAL=partial, PREFETCH=tile.prefetch,
                 SPLIT_LOADS=tile.split_loads,
                 BLOCK_H=tile.block_h, BLOCK_N=tile.block_n).items())), tile.num_warps, tile.num_stages)
@@ -200,7 +200,8 @@ def kernel_configs(capability, dtype, kv_format) -> list[KernelConfig]:
                 seen.add(cfg)
                 out.append(cfg)
     for bs in (8, 32):
-        out.append(KernelConfig("combine", tuple(sorted(dict(BLOCK_S=bs, BLOCK_D=COMBINE_BLOCK_D).items())), 4, 1))
+        out.append(SparseMlaKernelConfig("combine", tuple(sorted(dict(BLOCK_S=bs, BLOCK_D=COMBINE_BLOCK_D).items())),
+                                         4, 1))
     return out
 
 
@@ -235,12 +236,6 @@ def choose_num_splits(num_tokens: int, num_heads: int, topk: int, num_sms: int, 
         if best_cost is None or cost < best_cost - 1e-9:
             best, best_cost = s, cost
     return best
-
-
-@functools.lru_cache(maxsize=64)
-def _device_info(index: int):
-    props = torch.cuda.get_device_properties(index)
-    return (props.major, props.minor), props.multi_processor_count
 
 
 def workspace_numel(num_tokens: int, num_heads: int, num_splits: int) -> int:
