@@ -95,6 +95,13 @@ def _mqa_logits_kernel(
     pid_g = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_s = tl.program_id(1)
     GH: tl.constexpr = G * H
+    # tile invariants: tl.arange takes powers of two, and the dot needs at least 16 along each dimension
+    tl.static_assert((G & (G - 1)) == 0, "G must be a power of two")
+    tl.static_assert((GH & (GH - 1)) == 0, "G * H (the dot's N) must be a power of two")
+    tl.static_assert(GH >= 16, "G * H (the dot's N) must be at least 16")
+    tl.static_assert((BLOCK_N & (BLOCK_N - 1)) == 0, "BLOCK_N must be a power of two")
+    tl.static_assert(BLOCK_N >= 16, "BLOCK_N (the dot's M) must be at least 16")
+    tl.static_assert((D & (D - 1)) == 0, "D must be a power of two")
 
     offs_g = tl.arange(0, G)
     rows = pid_g * G + offs_g
@@ -176,6 +183,14 @@ def _paged_mqa_logits_kernel(
     SB: tl.constexpr, NATIVE: tl.constexpr,
 ):
     tl.static_assert(PAGE % BLOCK_N == 0)
+    # tile invariants: tl.arange takes powers of two, and the dot needs at least 16 along each dimension
+    tl.static_assert((NN & (NN - 1)) == 0, "NN (next_n padded) must be a power of two")
+    tl.static_assert(((NN * H) & (NN * H - 1)) == 0, "NN * H (the dot's N) must be a power of two")
+    tl.static_assert(NN * H >= 16, "NN * H (the dot's N) must be at least 16")
+    tl.static_assert((BLOCK_N & (BLOCK_N - 1)) == 0, "BLOCK_N must be a power of two")
+    tl.static_assert(BLOCK_N >= 16, "BLOCK_N (the dot's M) must be at least 16")
+    tl.static_assert((D & (D - 1)) == 0, "D must be a power of two")
+    tl.static_assert((SB & (SB - 1)) == 0, "SB must be a power of two")
     # The grid is a fixed number of programs (CUDA-graph safe, no host sync).  Every program reads all context
     # lengths, counts the BLOCK_N-token tiles of all requests, and takes an equal contiguous slice of that flat
     # tile space; a slice may start/end inside a request and may span several requests.  So one long row fills
@@ -262,6 +277,7 @@ def _paged_mqa_logits_kernel(
 
 @triton.jit(do_not_specialize=["ncols"])
 def _fill_outside_kernel(out_ptr, stride_or, lo_ptr, hi_ptr, ncols, HAS_LO: tl.constexpr, BLOCK: tl.constexpr):
+    tl.static_assert((BLOCK & (BLOCK - 1)) == 0, "BLOCK must be a power of two")
     r = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     hi = tl.load(hi_ptr + r)

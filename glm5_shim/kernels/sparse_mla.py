@@ -53,15 +53,20 @@ from glm5_shim.kernels.sparse_mla_plan import (  # noqa: F401
     COMBINE_BLOCK_D, FP8_DECODES, MAX_SPLITS, SparseMlaKernelConfig, _combine_block_s, choose_num_splits,
     compute_dtype, kernel_configs, select_fwd_tile, workspace_numel)
 
-FP8_SCALE_OFFSET = tl.constexpr(512)  # constexpr: read inside the kernel
-FP8_ROPE_OFFSET = tl.constexpr(528)
+# The kernels hard-code the geometry as four 128-wide latent chunks and a 64-wide rope (tl.arange needs literals or
+# constexprs; the chunks keep each dot's operand at 128 columns)
+assert D_LATENT == 4 * 128 and D_V == D_LATENT and D_ROPE == 64 and D_QK == D_LATENT + D_ROPE
+FP8_SCALE_OFFSET = tl.constexpr(D_LATENT)  # fp8_ds_mla row: the 4 fp32 scales follow the 512 e4m3 bytes
+FP8_ROPE_OFFSET = tl.constexpr(D_LATENT + 4 * 4)  # then the 64 rope values (constexprs: read inside the kernel)
+assert FP8_ROW_BYTES == FP8_ROPE_OFFSET + 2 * D_ROPE
 # bf16 decodes: q's latent is lifted by 2**64 so q.k products stay far above fp32's underflow; scores get 2**56 and
 # P 2**96 (P * scale stays < 2**127 for scales below 2**31), the output 2**24 back: 64 + 56 = 96 + 24 = 120
 BF16_Q_F = tl.constexpr(2.0 ** 64)
 BF16_QK_F = tl.constexpr(2.0 ** 56)
 BF16_PV_F = tl.constexpr(2.0 ** 96)
 BF16_OUT_F = tl.constexpr(2.0 ** 24)
-LOG2E = 1.4426950408889634
+LOG2E = 1.4426950408889634  # log2(e): sm_scale * LOG2E puts the scores in the log2 domain the kernels exp2 in
+LN2 = tl.constexpr(0.6931471805599453)  # ln(2) = 1 / LOG2E: a log2-domain LSE times LN2 is the natural-log LSE
 
 _TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
@@ -236,6 +241,11 @@ def _sparse_mla_fwd_kernel(
     PREFETCH: tl.constexpr,
     SPLIT_LOADS: tl.constexpr,
 ):
+    # tile invariants: tl.arange takes powers of two, and every dot needs at least 16 along each dimension
+    tl.static_assert((BLOCK_H & (BLOCK_H - 1)) == 0, "BLOCK_H must be a power of two")
+    tl.static_assert(BLOCK_H >= 16, "BLOCK_H is the dots' M: at least 16")
+    tl.static_assert((BLOCK_N & (BLOCK_N - 1)) == 0, "BLOCK_N must be a power of two")
+    tl.static_assert(BLOCK_N >= 16, "BLOCK_N is QK's N and PV's K: at least 16")
     # head block fastest so the programs sharing a token's KV rows run side by side (L2 reuse)
     pid = tl.program_id(0)
     hb = pid % num_hb
@@ -328,7 +338,7 @@ def _sparse_mla_fwd_kernel(
     tl.store(o_row + (384 + d)[None, :], (acc3 * inv_l[:, None]).to(ODT), mask=hmask[:, None])
     lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
     if not WRITE_PARTIAL:
-        lse2 = lse2 * 0.6931471805599453  # callers get a natural log; partials stay in log2
+        lse2 = lse2 * LN2  # callers get a natural log; partials stay in log2
     tl.store(lse_ptr + t * stride_lt + split * stride_ls + heads * stride_lh, lse2, mask=hmask)
 
 
@@ -344,6 +354,9 @@ def _sparse_mla_combine_kernel(
     BLOCK_D: tl.constexpr,
 ):
     # one program per (token, head, 128-wide slice of d_v): all splits are loaded at once (one L2 round trip)
+    tl.static_assert((BLOCK_S & (BLOCK_S - 1)) == 0, "BLOCK_S must be a power of two")
+    tl.static_assert((BLOCK_D & (BLOCK_D - 1)) == 0, "BLOCK_D must be a power of two")
+    tl.static_assert(512 % BLOCK_D == 0, "BLOCK_D must divide d_v = 512")
     pid = tl.program_id(0)
     n_dc: tl.constexpr = 512 // BLOCK_D
     dc = pid % n_dc
@@ -366,7 +379,7 @@ def _sparse_mla_combine_kernel(
     o = tl.sum(part * w[:, None], 0)
     tl.store(out_ptr + t * stride_ot + h * stride_oh + d, o.to(out_ptr.dtype.element_ty))
     if dc == 0:
-        lse = tl.where(has, (m_use + tl.log2(tl.where(has, tot, 1.0))) * 0.6931471805599453, float("-inf"))
+        lse = tl.where(has, (m_use + tl.log2(tl.where(has, tot, 1.0))) * LN2, float("-inf"))
         tl.store(lse_ptr + t * stride_lt + h * stride_lh, lse)
 
 
