@@ -69,9 +69,8 @@ class FwdTile:
 #   a single row buffer that is refilled only after the tile's math.
 # * fp8 cache: Triton's pipeliner leaves a load synchronous when it feeds both dots through the decode (seen in
 #   the compiled TTGIR; with one load per dot, SPLIT_LOADS, it pipelines them); these tiles use the kernel's own
-#   register prefetch (PREFETCH) with num_stages=1.  On the H200 the fp8 kernel is bound by issued instructions
-#   (ncu, 8 heads x 256 tokens: 1.27 IPC, 8 warps per SM, ~170 warp instructions per gathered row against ~95 for
-#   the bf16 cache), not by gather latency: split loads measured slower (bench/RESULTS.md 2026-11-30).
+#   register prefetch (PREFETCH) with num_stages=1.  On the H200 the fp8 kernel is bound by issued instructions,
+#   not by gather latency: split loads measured slower (ncu and timings: bench/RESULTS.md, kernel tuning notes).
 # Consumer parts (sm_120/121, sm_8x) are held to 99 KiB of shared memory, mma.sync and 64K registers per SM;
 # Hopper/Blackwell-DC get 227 KiB and can hold 64 heads per program (each KV row gathered once per token).
 @functools.lru_cache(maxsize=None)  # pure; called on every launch (the dict is shared: do not mutate it)
@@ -86,19 +85,19 @@ def _fwd_tiles(capability: tuple[int, int], dtype: torch.dtype, kv_format: str) 
             # 64 rows a tile: ~42 KB of gathers in flight per SM at 4+ TB/s
             t16 = FwdTile(16, 64, 8, 1, 1, prefetch=True)   # 92 KiB, 252 regs
             t32 = FwdTile(32, 32, 8, 1, 1, prefetch=True)   # 74 KiB, 246 regs (64 heads + prefetch spills)
-            # H200 sweep, bf16 q, 64 heads: 64 heads/program without the register prefetch (each row gathered and
-            # decoded once per token) beats t32 at T=64 (231 vs 260 us) and T=256 (648 vs 1014 us).  132 KiB,
-            # 255 regs, no spill with bf16 queries; fp16 ones (bf16 dots too, compute_dtype) spill 168 B: 802.7 vs
-            # 644.2 us at 64 x 256 (t32 not measured with them; sm_90 GGUF serving runs bf16).  sm_90 only.
+            # sm_90 only: 64 heads a program without the register prefetch (each row gathered and decoded once per
+            # token) beat t32 on the H200 (bench/RESULTS.md, kernel tuning notes).  132 KiB, 255 regs, no spill
+            # with bf16 queries; fp16 ones (bf16 dots too, compute_dtype) spill 168 B and measured slower (t32 not
+            # measured with them; sm_90 GGUF serving runs bf16).
             t64 = FwdTile(64, 32, 8, 3, 1) if cap[0] == 9 and dtype == torch.bfloat16 else t32
             return {16: t16, 32: t32, 64: t64}
         return {16: FwdTile(16, 32, 4, 5, 2),                # 94 KiB, 194 regs
                 32: FwdTile(32, 32, 8, 5, 1),                # 113 KiB, 151 regs
                 64: FwdTile(64, 32, 8, 5, 1)}                # 185 KiB, 252 regs
     if fp8:
-        # 64 rows a tile, as on sm_90: on the H200 as a stand-in (the same mma.sync code at 16 heads) it beats
-        # (16, 32) by 24% at 8 heads x 256 tokens (304 vs 399 us) and 21% at 64 tokens (88.5 vs 111.5 us), graph;
-        # not measured on sm_120/8x hardware.  92 KiB, 247-255 regs, no spill on sm_120/121/89/86/80.
+        # 64 rows a tile, as on sm_90: beats (16, 32) on the H200 as a stand-in (the same mma.sync code at 16 heads;
+        # bench/RESULTS.md, kernel tuning notes); not measured on sm_120/8x hardware.  92 KiB, 247-255 regs, no
+        # spill on sm_120/121/89/86/80.
         t16 = FwdTile(16, 64, 8, 1, 1, prefetch=True)
         t32 = FwdTile(32, 32, 8, 1, 1, prefetch=True)       # 74 KiB, 234 regs
         return {16: t16, 32: t32, 64: t32}
@@ -114,9 +113,9 @@ def _head_class(num_heads: int) -> int:
 def compute_dtype(q_dtype: torch.dtype, kv_format: str, on_gpu: bool = True) -> torch.dtype:
     """The dtype the kernel's dots take: the queries' own, except fp16 queries on the fp8_ds_mla cache (what GGUF
     serving runs on sm_100+, sm_120 included).  Those are rounded to bf16 on a GPU: fp16 P * scale leaves fp16's
-    range for caches far from unit scale, and keeping it in range took a per-tile rescale that cost ~25% (H200,
-    8 heads x 256 tokens: 377 vs 303 us); bf16's rounding (2**-9) is far below the cache's own e4m3 quantisation
-    (2**-4 a value).  In the interpreter, whose bf16 dots are wrong, they run in fp32."""
+    range for caches far from unit scale, and keeping it in range took a per-tile rescale that measured slower on
+    the H200 (bench/RESULTS.md, kernel tuning notes); bf16's rounding (2**-9) is far below the cache's own e4m3
+    quantisation (2**-4 a value).  In the interpreter, whose bf16 dots are wrong, they run in fp32."""
     if kv_format == "fp8_ds_mla" and q_dtype == torch.float16:
         return torch.bfloat16 if on_gpu else torch.float32
     return q_dtype
