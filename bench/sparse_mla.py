@@ -13,7 +13,8 @@ primary number, as in notes/h200-anchors.md.  With ``--graph`` (default on) our 
 graph of many calls that rotate through enough index sets to overflow L2 (what vLLM's decode graphs see, without
 Python launch cost).  Before timing, our outputs are checked against the float64 reference on a few tokens.
 ``--sweep`` additionally times alternative tiles / split counts and prints the best per shape (tuning input for
-``_fwd_tiles`` / ``choose_num_splits``).  Results go to DIR/sparse_mla.md and DIR/sparse_mla.json.
+``_fwd_tiles`` / ``choose_num_splits`` in glm5_shim/kernels/sparse_mla_plan.py).  Results go to DIR/sparse_mla.md
+and DIR/sparse_mla.json.
 """
 from __future__ import annotations
 

@@ -5,6 +5,9 @@ raw bytes with integer ops.  The trick: shifting the 7 exponent+mantissa bits of
 them on the exponent/mantissa fields of an fp16 number whose exponent bias is 15 instead of 7; multiplying by
 2**8 restores the value.  Subnormals come out right with the same factor.  The NaN pattern (0x7f/0xff) decodes
 to ±480 instead of NaN; vLLM's quantisers never write it.
+
+Every e4m3 decode the kernels run lives here: :func:`e4m3_bytes_decode` (the sparse-MLA kernel, by method) and
+:func:`e4m3_bytes_to_f16_div256` (also the indexer's sm_80/86 operands).
 """
 from __future__ import annotations
 
@@ -20,6 +23,19 @@ def e4m3_bytes_to_f32(x):
     bits = x.to(tl.int32) & 0xFF
     magnitude = ((bits & 0x7F) << 7).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * 256.0
     return tl.where((bits & 0x80) != 0, -magnitude, magnitude)
+
+
+@triton.jit
+def e4m3_bytes_to_f16_div256(x):
+    """e4m3 bytes -> fp16 equal to value / 256, exactly (subnormals included).
+
+    Same bit trick as :func:`e4m3_bytes_to_f32` (exponent/mantissa shifted onto fp16's fields, whose bias is 8
+    higher), but the sign bit is moved instead of selected and the x256 is left to the caller: 3 integer ops per
+    element on the sm_80/86 hot path instead of ~10.  NaN bytes (never written by vLLM) decode to +-480/256.
+    """
+    b = x.to(tl.int16) & 0xFF
+    bits = ((b & 0x80) << 8) | ((b & 0x7F) << 7)
+    return bits.to(tl.float16, bitcast=True)
 
 
 def e4m3_bytes_to_f32_torch(x):
@@ -90,3 +106,37 @@ def e4m3_bytes_to_bf16_scaled_torch(x):
     b = x.to(torch.int32) & 0xFF
     bits = ((b & 0x80) << 8) | ((b & 0x7F) << 4)
     return bits.to(torch.int16).view(torch.bfloat16)
+
+
+# --- one decode by name ---------------------------------------------------------------------------------------
+# How a kernel turns e4m3 bytes into dot inputs of the dots' dtype (the sparse-MLA kernel's FP8_DECODE constexpr) and
+# the factor K_F the decoded value is off by (the caller folds it back in through its scales).  On a GPU the
+# sparse-MLA fp8 cache's dots are always bf16 (sparse_mla_plan.compute_dtype: fp16 queries too); the interpreter's
+# are fp32.
+#   "f32"      float32 (interpreter exactness path), K_F 1
+#   "cvt"      Triton's float8e4nv -> f16 conversion, then f16 -> f32 -> bf16 (sm_89+), K_F 1
+#   "f16bits"  integer bit trick to fp16 holding value / 2**8, then -> bf16 (any target), K_F 2**8
+#   "f16ptx"   the same result from four-bytes-at-a-time PTX (prmt + masks; GPU only)
+#   "bf16bits" integer bit trick to bf16 holding value * 2**-120 (any target), K_F 2**-120
+#   "bf16ptx"  the same result from four-bytes-at-a-time PTX (GPU only)
+FP8_DECODES = ("f32", "cvt", "f16bits", "f16ptx", "bf16bits", "bf16ptx")
+
+
+@triton.jit
+def e4m3_bytes_decode(raw, DT: tl.constexpr, METHOD: tl.constexpr):
+    """e4m3 bytes (uint8) -> DT by the method named in METHOD; the result is value / K_F (see FP8_DECODES), which
+    the caller folds back in through its scales."""
+    if METHOD == "f32":
+        return e4m3_bytes_to_f32(raw)
+    elif METHOD == "cvt":
+        # e4m3 -> f16 is one cvt per pair on sm_89+; Triton's direct e4m3 -> bf16 emits cvt.bf16.f16, which
+        # ptxas rejects below sm_90, so bf16 goes through f32
+        return raw.to(tl.float8e4nv, bitcast=True).to(tl.float16).to(tl.float32).to(DT)
+    elif METHOD == "f16ptx":
+        return e4m3_bytes_to_f16_div256_ptx(raw).to(DT)
+    elif METHOD == "bf16bits":
+        return e4m3_bytes_to_bf16_scaled(raw)
+    elif METHOD == "bf16ptx":
+        return e4m3_bytes_to_bf16_scaled_ptx(raw)
+    else:  # "f16bits"
+        return e4m3_bytes_to_f16_div256(raw).to(DT)

@@ -25,7 +25,7 @@ the K tile (G = next_n padded to a power of 2).
 
 FP8: sm_89+ read e4m3 through float8e4nv pointers and use fp8 MMAs (Triton 3.6 turns the fp8 dot on sm_121 into
 hardware cvt + f16 MMAs).  sm_80/86 have no fp8 type in Triton, so both operands are decoded from bytes with
-integer ops (the shift trick of ``fp8.py``, without its x256 / sign select: see :func:`_e4m3_bytes_to_f16_div256`)
+integer ops (``fp8.e4m3_bytes_to_f16_div256``: the shift trick without the x256 / sign select of its f32 decode)
 and multiplied in fp16; the 2**16 this leaves out is folded into w.  Both are exact products with fp32 sums.
 """
 from __future__ import annotations
@@ -39,7 +39,8 @@ import torch
 import triton
 import triton.language as tl
 
-from glm5_shim.kernels.fp8 import native_fp8_supported
+from glm5_shim.kernels.device import cuda_capability_and_sms
+from glm5_shim.kernels.fp8 import e4m3_bytes_to_f16_div256, native_fp8_supported
 
 HEAD_DIM = 128
 SUPPORTED_HEADS = (16, 32, 64)
@@ -56,25 +57,12 @@ _FILL_BLOCK = 1024
 
 
 @triton.jit
-def _e4m3_bytes_to_f16_div256(x):
-    """e4m3 bytes -> fp16 equal to value / 256, exactly (subnormals included).
-
-    Same bit trick as ``fp8.e4m3_bytes_to_f32`` (exponent/mantissa shifted onto fp16's fields, whose bias is 8
-    higher), but the sign bit is moved instead of selected and the x256 is left to the caller: 3 integer ops per
-    element on the sm_80/86 hot path instead of ~10.  NaN bytes (never written by vLLM) decode to +-480/256.
-    """
-    b = x.to(tl.int16) & 0xFF
-    bits = ((b & 0x80) << 8) | ((b & 0x7F) << 7)
-    return bits.to(tl.float16, bitcast=True)
-
-
-@triton.jit
 def _as_dot_operand(x, NATIVE: tl.constexpr):
     # Native: x was loaded through a float8e4nv pointer, so the MMA can read it straight from shared memory.
     if NATIVE:
         return x
     else:
-        return _e4m3_bytes_to_f16_div256(x)
+        return e4m3_bytes_to_f16_div256(x)
 
 
 @triton.jit
@@ -107,6 +95,13 @@ def _mqa_logits_kernel(
     pid_g = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_s = tl.program_id(1)
     GH: tl.constexpr = G * H
+    # tile invariants: tl.arange takes powers of two, and the dot needs at least 16 along each dimension
+    tl.static_assert((G & (G - 1)) == 0, "G must be a power of two")
+    tl.static_assert((GH & (GH - 1)) == 0, "G * H (the dot's N) must be a power of two")
+    tl.static_assert(GH >= 16, "G * H (the dot's N) must be at least 16")
+    tl.static_assert((BLOCK_N & (BLOCK_N - 1)) == 0, "BLOCK_N must be a power of two")
+    tl.static_assert(BLOCK_N >= 16, "BLOCK_N (the dot's M) must be at least 16")
+    tl.static_assert((D & (D - 1)) == 0, "D must be a power of two")
 
     offs_g = tl.arange(0, G)
     rows = pid_g * G + offs_g
@@ -188,6 +183,14 @@ def _paged_mqa_logits_kernel(
     SB: tl.constexpr, NATIVE: tl.constexpr,
 ):
     tl.static_assert(PAGE % BLOCK_N == 0)
+    # tile invariants: tl.arange takes powers of two, and the dot needs at least 16 along each dimension
+    tl.static_assert((NN & (NN - 1)) == 0, "NN (next_n padded) must be a power of two")
+    tl.static_assert(((NN * H) & (NN * H - 1)) == 0, "NN * H (the dot's N) must be a power of two")
+    tl.static_assert(NN * H >= 16, "NN * H (the dot's N) must be at least 16")
+    tl.static_assert((BLOCK_N & (BLOCK_N - 1)) == 0, "BLOCK_N must be a power of two")
+    tl.static_assert(BLOCK_N >= 16, "BLOCK_N (the dot's M) must be at least 16")
+    tl.static_assert((D & (D - 1)) == 0, "D must be a power of two")
+    tl.static_assert((SB & (SB - 1)) == 0, "SB must be a power of two")
     # The grid is a fixed number of programs (CUDA-graph safe, no host sync).  Every program reads all context
     # lengths, counts the BLOCK_N-token tiles of all requests, and takes an equal contiguous slice of that flat
     # tile space; a slice may start/end inside a request and may span several requests.  So one long row fills
@@ -274,6 +277,7 @@ def _paged_mqa_logits_kernel(
 
 @triton.jit(do_not_specialize=["ncols"])
 def _fill_outside_kernel(out_ptr, stride_or, lo_ptr, hi_ptr, ncols, HAS_LO: tl.constexpr, BLOCK: tl.constexpr):
+    tl.static_assert((BLOCK & (BLOCK - 1)) == 0, "BLOCK must be a power of two")
     r = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     hi = tl.load(hi_ptr + r)
@@ -291,7 +295,7 @@ def _fill_outside_kernel(out_ptr, stride_or, lo_ptr, hi_ptr, ncols, HAS_LO: tl.c
 
 
 @dataclass(frozen=True)
-class KernelConfig:
+class IndexerKernelConfig:
     """One compiled variant the launchers can pick: kernel, constexprs, launch options and the argument types
     (for ``triton.compile(ASTSource(...))`` in the offline compile test)."""
 
@@ -332,12 +336,12 @@ def _next_pow2(x: int) -> int:
 
 @functools.lru_cache(maxsize=None)
 def prefill_config(native: bool, num_heads: int, block_n: int = 64, num_warps: int = 4,
-                   num_stages: int = 3) -> KernelConfig:
+                   num_stages: int = 3) -> IndexerKernelConfig:
     # G*H = 128 MMA columns (4 rows of 32 heads, 2 of 64, 8 of 16).  64 keys x 128 columns with 4 warps keeps
     # registers ~130-170 and smem 37-53 KB, so 2-3 CTAs share an SM and one's epilogue overlaps another's MMA.
     g = max(1, 128 // num_heads)
     ce = dict(H=num_heads, G=g, D=HEAD_DIM, BLOCK_N=block_n, NATIVE=native)
-    return KernelConfig(
+    return IndexerKernelConfig(
         "mqa_logits", _mqa_logits_kernel, ce, num_warps=num_warps, num_stages=num_stages,
         signature=_with_constexprs(_PREFILL_SIG, ce),
         divisible_by_16=("q_ptr", "k_ptr", "kscale_ptr", "w_ptr", "ks_ptr", "ke_ptr", "out_ptr", "stride_qm",
@@ -346,10 +350,11 @@ def prefill_config(native: bool, num_heads: int, block_n: int = 64, num_warps: i
 
 
 @functools.lru_cache(maxsize=None)
-def decode_config(native: bool, num_heads: int, next_n: int, page: int = 64, num_stages: int = 7) -> KernelConfig:
+def decode_config(native: bool, num_heads: int, next_n: int, page: int = 64,
+                  num_stages: int = 7) -> IndexerKernelConfig:
     nn = _next_pow2(next_n)
     ce = dict(H=num_heads, NN=nn, D=HEAD_DIM, BLOCK_N=min(64, page), PAGE=page, SB=256, NATIVE=native)
-    return KernelConfig(
+    return IndexerKernelConfig(
         "paged_mqa_logits", _paged_mqa_logits_kernel, ce, num_warps=4 if nn * num_heads <= 128 else 8,
         # Triton gives a load behind an indirect (block-table) load (num_stages - 1) // 2 buffers: 7 -> 3 K tiles
         # (24 KB) per CTA, two of them in flight while the third is consumed.
@@ -361,13 +366,13 @@ def decode_config(native: bool, num_heads: int, next_n: int, page: int = 64, num
 
 
 @functools.lru_cache(maxsize=None)
-def fill_config(has_lo: bool) -> KernelConfig:
+def fill_config(has_lo: bool) -> IndexerKernelConfig:
     ce = dict(HAS_LO=has_lo, BLOCK=_FILL_BLOCK)
-    return KernelConfig("fill_outside", _fill_outside_kernel, ce, num_warps=4, num_stages=1,
+    return IndexerKernelConfig("fill_outside", _fill_outside_kernel, ce, num_warps=4, num_stages=1,
                         signature=_with_constexprs(_FILL_SIG, ce), divisible_by_16=("out_ptr", "lo_ptr", "hi_ptr"))
 
 
-def kernel_configs(capability) -> list[KernelConfig]:
+def kernel_configs(capability) -> list[IndexerKernelConfig]:
     """Every (kernel, constexprs, num_warps, num_stages) the launchers can pick on a device of this capability
     (page size 64, the only indexer block size vLLM uses on CUDA)."""
     native = native_fp8_supported(tuple(capability))
@@ -387,16 +392,10 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-@functools.lru_cache(maxsize=None)
-def _device_caps(index: int) -> tuple[tuple[int, int], int]:
-    props = torch.cuda.get_device_properties(index)
-    return (props.major, props.minor), props.multi_processor_count
-
-
-def _device_info(t: torch.Tensor, native: bool | None) -> tuple[bool, int]:
+def _fp8_path_and_sms(t: torch.Tensor, native: bool | None) -> tuple[bool, int]:
     """(use native fp8, SM count).  On CPU (interpreter) default to the native path with a nominal 8 'SMs'."""
     if t.is_cuda:
-        cap, sms = _device_caps(t.get_device())  # a CUDA tensor always knows its device index
+        cap, sms = cuda_capability_and_sms(t.get_device())  # a CUDA tensor always knows its device index
         return (native_fp8_supported(cap) if native is None else native), sms
     return (True if native is None else native), 8
 
@@ -436,7 +435,7 @@ def mqa_logits_impl(q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits, *,
     N = k_fp8.shape[0]
     assert D == HEAD_DIM and k_fp8.shape[1] == D, "indexer head_dim must be 128"
     _check_heads(H)
-    native, sms = _device_info(q_fp8, native)
+    native, sms = _fp8_path_and_sms(q_fp8, native)
     cfg = prefill_config(native, H) if tile is None else prefill_config(native, H, *tile)
     ce = cfg.constexprs
 
@@ -505,13 +504,13 @@ def decode_row_lens(context_lens: torch.Tensor, batch: int, next_n: int) -> torc
 _DECODE_GRID: dict = {}
 
 
-def _decode_grid(cfg: KernelConfig, device: torch.device, sms: int, args, kwargs) -> int:
+def _decode_grid(cfg: IndexerKernelConfig, device: torch.device, sms: int, args, kwargs) -> int:
     """Decode grid size: as many CTAs as fit on the GPU at once (one wave, so the balanced split is not undone
     by a partial second wave), capped at MAX_DECODE_CTAS_PER_SM per SM.  Resolved once per (config, device)
     from the compiled kernel's registers and shared memory; any grid size gives the same result."""
     if device.type != "cuda" or _interpreting():
         return DECODE_CTAS_PER_SM * sms
-    key = (device.index, cfg)  # KernelConfig compares by kernel, constexprs and launch options
+    key = (device.index, cfg)  # IndexerKernelConfig compares by kernel, constexprs and launch options
     grid = _DECODE_GRID.get(key)
     if grid is None:
         per_sm = DECODE_CTAS_PER_SM
@@ -554,7 +553,7 @@ def paged_mqa_logits_impl(q, kv_cache, weights, context_lens, block_tables, sche
     _check_heads(H)
     if next_n not in SUPPORTED_NEXT_N:
         raise NotImplementedError(f"next_n {next_n} not in {SUPPORTED_NEXT_N}")
-    native, sms = _device_info(q_fp8, native)
+    native, sms = _fp8_path_and_sms(q_fp8, native)
 
     cache = _u8(kv_cache)
     page = cache.shape[1]

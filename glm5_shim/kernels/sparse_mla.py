@@ -31,46 +31,42 @@ Design (decode is what matters: one token, 78 layers):
 """
 from __future__ import annotations
 
-import dataclasses
-import functools
-import os
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
+from glm5_shim.kernels.device import cuda_capability_and_sms
+# tests/gpu/test_sparse_mla_gpu.py calls the device query by this module's old name for it
+from glm5_shim.kernels.device import cuda_capability_and_sms as _device_info  # noqa: F401
+from glm5_shim.kernels.fp8 import e4m3_bytes_decode
+# tests/gpu/test_sparse_mla_gpu.py imports fp8.py's portable fp16 decode under this module's old name for it
+from glm5_shim.kernels.fp8 import e4m3_bytes_to_f16_div256 as _e4m3_to_f16_div256  # noqa: F401
 from glm5_shim.kernels.sparse_mla_reference import fp8_ds_mla_rope_dtype  # noqa: F401  (part of this API)
-from glm5_shim.kernels.fp8 import (e4m3_bytes_to_bf16_scaled, e4m3_bytes_to_bf16_scaled_ptx,
-                                   e4m3_bytes_to_f16_div256_ptx, e4m3_bytes_to_f32, native_fp8_supported)
+from glm5_shim.kernels.sparse_mla_plan import (CPU_DEFAULT_CAPABILITY, CPU_DEFAULT_NUM_SMS, D_LATENT, D_QK, D_ROPE,
+                                              D_V, FP8_ROW_BYTES, KV_FORMATS, NO_FP8_DECODE, FwdTile, _compute_name,
+                                              _launch_plan, fp8_decode_method)
+# The launch planning lives in sparse_mla_plan; the rest of its API is re-exported here, where callers, tests and
+# benchmarks have always found it.
+from glm5_shim.kernels.sparse_mla_plan import (  # noqa: F401
+    COMBINE_BLOCK_D, FP8_DECODES, MAX_SPLITS, SparseMlaKernelConfig, _combine_block_s, choose_num_splits,
+    compute_dtype, kernel_configs, select_fwd_tile, workspace_numel)
 
-D_LATENT = 512
-D_ROPE = 64
-D_QK = D_LATENT + D_ROPE
-D_V = 512
-FP8_ROW_BYTES = 656  # 512 e4m3 + 4 fp32 scales + 64 rope values (bf16; fp16 under fp16 queries)
-FP8_SCALE_OFFSET = tl.constexpr(512)  # constexpr: read inside the kernel
-FP8_ROPE_OFFSET = tl.constexpr(528)
-# How a kernel turns e4m3 bytes into dot inputs of the dots' dtype (the FP8_DECODE constexpr) and the factor K_F the
-# decoded K is off by (folded back through the per-128 scales).  On a GPU the fp8 cache's dots are always bf16
-# (compute_dtype: fp16 queries too); the interpreter's are fp32.
-#   "f32"      float32 (interpreter exactness path), K_F 1
-#   "cvt"      Triton's float8e4nv -> f16 conversion, then f16 -> f32 -> bf16 (sm_89+), K_F 1
-#   "f16bits"  integer bit trick to fp16 holding value / 2**8, then -> bf16 (any target), K_F 2**8
-#   "f16ptx"   the same result from four-bytes-at-a-time PTX (prmt + masks; GPU only)
-#   "bf16bits" integer bit trick to bf16 holding value * 2**-120 (any target), K_F 2**-120
-#   "bf16ptx"  the same result from four-bytes-at-a-time PTX (GPU only)
-FP8_DECODES = ("f32", "cvt", "f16bits", "f16ptx", "bf16bits", "bf16ptx")
-NO_FP8_DECODE = "none"  # the constexpr's value for a bf16 cache (one compiled variant, whatever the override)
+# The kernels hard-code the geometry as four 128-wide latent chunks and a 64-wide rope (tl.arange needs literals or
+# constexprs; the chunks keep each dot's operand at 128 columns)
+assert D_LATENT == 4 * 128 and D_V == D_LATENT and D_ROPE == 64 and D_QK == D_LATENT + D_ROPE
+FP8_SCALE_OFFSET = tl.constexpr(D_LATENT)  # fp8_ds_mla row: the 4 fp32 scales follow the 512 e4m3 bytes
+FP8_ROPE_OFFSET = tl.constexpr(D_LATENT + 4 * 4)  # then the 64 rope values (constexprs: read inside the kernel)
+assert FP8_ROW_BYTES == FP8_ROPE_OFFSET + 2 * D_ROPE
 # bf16 decodes: q's latent is lifted by 2**64 so q.k products stay far above fp32's underflow; scores get 2**56 and
 # P 2**96 (P * scale stays < 2**127 for scales below 2**31), the output 2**24 back: 64 + 56 = 96 + 24 = 120
 BF16_Q_F = tl.constexpr(2.0 ** 64)
 BF16_QK_F = tl.constexpr(2.0 ** 56)
 BF16_PV_F = tl.constexpr(2.0 ** 96)
 BF16_OUT_F = tl.constexpr(2.0 ** 24)
-MAX_SPLITS = 32
-KV_FORMATS = ("bf16", "fp8_ds_mla")
-LOG2E = 1.4426950408889634
+LOG2E = 1.4426950408889634  # log2(e): sm_scale * LOG2E puts the scores in the log2 domain the kernels exp2 in
+LN2 = tl.constexpr(0.6931471805599453)  # ln(2) = 1 / LOG2E: a log2-domain LSE times LN2 is the natural-log LSE
 
 _TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
@@ -78,35 +74,6 @@ _TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.floa
 # ---------------------------------------------------------------------------------------------------------------
 # Kernels
 # ---------------------------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _e4m3_to_f16_div256(x):
-    """e4m3 bytes -> fp16 holding value / 256, exactly (subnormals too): the 7 exponent+mantissa bits land on the
-    fp16 exponent/mantissa fields one bias step (2**8) low.  Pure integer ops; the 2**8 is folded into the scale."""
-    b = x.to(tl.int32)
-    bits = ((b & 0x7F) << 7) | ((b & 0x80) << 8)
-    return bits.to(tl.int16).to(tl.float16, bitcast=True)
-
-
-@triton.jit
-def _decode_e4m3(raw, DT: tl.constexpr, FP8_DECODE: tl.constexpr):
-    """e4m3 bytes -> DT by the method named in FP8_DECODE; the result is value / K_F (see FP8_DECODES), which the
-    callers fold back in through the per-128 scales."""
-    if FP8_DECODE == "f32":
-        return e4m3_bytes_to_f32(raw)
-    elif FP8_DECODE == "cvt":
-        # e4m3 -> f16 is one cvt per pair on sm_89+; Triton's direct e4m3 -> bf16 emits cvt.bf16.f16, which
-        # ptxas rejects below sm_90, so bf16 goes through f32
-        return raw.to(tl.float8e4nv, bitcast=True).to(tl.float16).to(tl.float32).to(DT)
-    elif FP8_DECODE == "f16ptx":
-        return e4m3_bytes_to_f16_div256_ptx(raw).to(DT)
-    elif FP8_DECODE == "bf16bits":
-        return e4m3_bytes_to_bf16_scaled(raw)
-    elif FP8_DECODE == "bf16ptx":
-        return e4m3_bytes_to_bf16_scaled_ptx(raw)
-    else:  # "f16bits"
-        return _e4m3_to_f16_div256(raw).to(DT)
 
 
 @triton.jit
@@ -195,14 +162,14 @@ def _attend_tile(q0, q1, q2, q3, qr, c0, c1, c2, c3, v0, v1, v2, v3, kr, s0, s1,
         F16_BITS: tl.constexpr = (FP8_DECODE == "f16bits") or (FP8_DECODE == "f16ptx")
         QK_F: tl.constexpr = 256.0 if F16_BITS else (BF16_QK_F if BF16_DECODE else 1.0)
         PV_F: tl.constexpr = 256.0 if F16_BITS else (BF16_PV_F if BF16_DECODE else 1.0)
-        k0 = _decode_e4m3(c0, DT, FP8_DECODE)
-        k1 = _decode_e4m3(c1, DT, FP8_DECODE)
-        k2 = _decode_e4m3(c2, DT, FP8_DECODE)
-        k3 = _decode_e4m3(c3, DT, FP8_DECODE)
-        w0 = _decode_e4m3(v0, DT, FP8_DECODE)
-        w1 = _decode_e4m3(v1, DT, FP8_DECODE)
-        w2 = _decode_e4m3(v2, DT, FP8_DECODE)
-        w3 = _decode_e4m3(v3, DT, FP8_DECODE)
+        k0 = e4m3_bytes_decode(c0, DT, FP8_DECODE)
+        k1 = e4m3_bytes_decode(c1, DT, FP8_DECODE)
+        k2 = e4m3_bytes_decode(c2, DT, FP8_DECODE)
+        k3 = e4m3_bytes_decode(c3, DT, FP8_DECODE)
+        w0 = e4m3_bytes_decode(v0, DT, FP8_DECODE)
+        w1 = e4m3_bytes_decode(v1, DT, FP8_DECODE)
+        w2 = e4m3_bytes_decode(v2, DT, FP8_DECODE)
+        w3 = e4m3_bytes_decode(v3, DT, FP8_DECODE)
         s = tl.dot(q0, tl.trans(k0), input_precision=PREC) * (s0 * QK_F)[None, :]
         s += tl.dot(q1, tl.trans(k1), input_precision=PREC) * (s1 * QK_F)[None, :]
         s += tl.dot(q2, tl.trans(k2), input_precision=PREC) * (s2 * QK_F)[None, :]
@@ -274,6 +241,11 @@ def _sparse_mla_fwd_kernel(
     PREFETCH: tl.constexpr,
     SPLIT_LOADS: tl.constexpr,
 ):
+    # tile invariants: tl.arange takes powers of two, and every dot needs at least 16 along each dimension
+    tl.static_assert((BLOCK_H & (BLOCK_H - 1)) == 0, "BLOCK_H must be a power of two")
+    tl.static_assert(BLOCK_H >= 16, "BLOCK_H is the dots' M: at least 16")
+    tl.static_assert((BLOCK_N & (BLOCK_N - 1)) == 0, "BLOCK_N must be a power of two")
+    tl.static_assert(BLOCK_N >= 16, "BLOCK_N is QK's N and PV's K: at least 16")
     # head block fastest so the programs sharing a token's KV rows run side by side (L2 reuse)
     pid = tl.program_id(0)
     hb = pid % num_hb
@@ -345,7 +317,7 @@ def _sparse_mla_fwd_kernel(
                 # shared memory) a load that feeds one dot through the e4m3 decode, but not one that feeds both
                 # QK (as K^T) and PV (as V): with one load per dot the fp8 gathers become asynchronous.  No default
                 # tile uses it: on the H200 the fp8 kernel is bound by issued instructions, not by gather latency,
-                # and this variant issues more (8 heads x 256 tokens: 391 vs 301 us; bench/RESULTS.md 2026-11-30).
+                # and this variant issues more (H200 numbers: bench/RESULTS.md, kernel tuning notes).
                 # A tuning option for GPUs where that balance differs (bench/sparse_mla.py --sweep).
                 v0, v1, v2, v3 = _load_latent(kv_ptr, row, valid, 1)
             else:
@@ -366,7 +338,7 @@ def _sparse_mla_fwd_kernel(
     tl.store(o_row + (384 + d)[None, :], (acc3 * inv_l[:, None]).to(ODT), mask=hmask[:, None])
     lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
     if not WRITE_PARTIAL:
-        lse2 = lse2 * 0.6931471805599453  # callers get a natural log; partials stay in log2
+        lse2 = lse2 * LN2  # callers get a natural log; partials stay in log2
     tl.store(lse_ptr + t * stride_lt + split * stride_ls + heads * stride_lh, lse2, mask=hmask)
 
 
@@ -382,6 +354,9 @@ def _sparse_mla_combine_kernel(
     BLOCK_D: tl.constexpr,
 ):
     # one program per (token, head, 128-wide slice of d_v): all splits are loaded at once (one L2 round trip)
+    tl.static_assert((BLOCK_S & (BLOCK_S - 1)) == 0, "BLOCK_S must be a power of two")
+    tl.static_assert((BLOCK_D & (BLOCK_D - 1)) == 0, "BLOCK_D must be a power of two")
+    tl.static_assert(512 % BLOCK_D == 0, "BLOCK_D must divide d_v = 512")
     pid = tl.program_id(0)
     n_dc: tl.constexpr = 512 // BLOCK_D
     dc = pid % n_dc
@@ -404,234 +379,8 @@ def _sparse_mla_combine_kernel(
     o = tl.sum(part * w[:, None], 0)
     tl.store(out_ptr + t * stride_ot + h * stride_oh + d, o.to(out_ptr.dtype.element_ty))
     if dc == 0:
-        lse = tl.where(has, (m_use + tl.log2(tl.where(has, tot, 1.0))) * 0.6931471805599453, float("-inf"))
+        lse = tl.where(has, (m_use + tl.log2(tl.where(has, tot, 1.0))) * LN2, float("-inf"))
         tl.store(lse_ptr + t * stride_lt + h * stride_lh, lse)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Configurations and heuristics
-# ---------------------------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class KernelConfig:
-    """One compiled variant.  ``kernel`` is "fwd" or "combine"; ``constexprs`` are the kernel's constexpr args."""
-
-    kernel: str
-    constexprs: tuple  # sorted (name, value) pairs; hashable
-    num_warps: int
-    num_stages: int
-
-    def as_dict(self) -> dict:
-        return dict(self.constexprs)
-
-    def __getitem__(self, key):
-        return dict(self.constexprs)[key]
-
-
-@dataclasses.dataclass(frozen=True)
-class FwdTile:
-    block_h: int
-    block_n: int
-    num_warps: int
-    num_stages: int
-    occupancy: int  # resident programs per SM the split heuristic assumes
-    prefetch: bool = False  # hand-rolled register prefetch (PREFETCH constexpr) instead of Triton's pipeliner
-    split_loads: bool = False  # fp8: one load of the latent per dot, so Triton's pipeliner takes them (SPLIT_LOADS)
-
-
-# Tiles per target family, keyed by head class (<=16, <=32, more).  Chosen from offline compiles (shared memory,
-# registers, no spills; see tests/kernels/test_compile_targets_sparse_mla.py run as a script) and to be re-tuned
-# with `python bench/sparse_mla.py --sweep` on the hardware.
-# * bf16 cache: Triton's pipeliner.  num_stages=5 is what double-buffers the gathered rows: with one level of
-#   indirection (indices -> rows) Triton gives each load (num_stages-1)//2 tiles of lead, so 3 or 4 stages leave
-#   a single row buffer that is refilled only after the tile's math.
-# * fp8 cache: Triton's pipeliner leaves a load synchronous when it feeds both dots through the decode (seen in
-#   the compiled TTGIR; with one load per dot, SPLIT_LOADS, it pipelines them); these tiles use the kernel's own
-#   register prefetch (PREFETCH) with num_stages=1.  On the H200 the fp8 kernel is bound by issued instructions
-#   (ncu, 8 heads x 256 tokens: 1.27 IPC, 8 warps per SM, ~170 warp instructions per gathered row against ~95 for
-#   the bf16 cache), not by gather latency: split loads measured slower (bench/RESULTS.md 2026-11-30).
-# Consumer parts (sm_120/121, sm_8x) are held to 99 KiB of shared memory, mma.sync and 64K registers per SM;
-# Hopper/Blackwell-DC get 227 KiB and can hold 64 heads per program (each KV row gathered once per token).
-@functools.lru_cache(maxsize=None)  # pure; called on every launch (the dict is shared: do not mutate it)
-def _fwd_tiles(capability: tuple[int, int], dtype: torch.dtype, kv_format: str) -> dict[int, FwdTile]:
-    cap = tuple(capability)
-    fp8 = kv_format == "fp8_ds_mla"
-    if dtype == torch.float32:  # interpreter exactness path
-        t = FwdTile(16, 16, 4, 1, 1)
-        return {16: t, 32: t, 64: t}
-    if cap[0] in (9, 10):
-        if fp8:
-            # 64 rows a tile: ~42 KB of gathers in flight per SM at 4+ TB/s
-            t16 = FwdTile(16, 64, 8, 1, 1, prefetch=True)   # 92 KiB, 252 regs
-            t32 = FwdTile(32, 32, 8, 1, 1, prefetch=True)   # 74 KiB, 246 regs (64 heads + prefetch spills)
-            # H200 sweep, bf16 q, 64 heads: 64 heads/program without the register prefetch (each row gathered and
-            # decoded once per token) beats t32 at T=64 (231 vs 260 us) and T=256 (648 vs 1014 us).  132 KiB,
-            # 255 regs, no spill with bf16 queries; fp16 ones (bf16 dots too, compute_dtype) spill 168 B: 802.7 vs
-            # 644.2 us at 64 x 256 (t32 not measured with them; sm_90 GGUF serving runs bf16).  sm_90 only.
-            t64 = FwdTile(64, 32, 8, 3, 1) if cap[0] == 9 and dtype == torch.bfloat16 else t32
-            return {16: t16, 32: t32, 64: t64}
-        return {16: FwdTile(16, 32, 4, 5, 2),                # 94 KiB, 194 regs
-                32: FwdTile(32, 32, 8, 5, 1),                # 113 KiB, 151 regs
-                64: FwdTile(64, 32, 8, 5, 1)}                # 185 KiB, 252 regs
-    if fp8:
-        # 64 rows a tile, as on sm_90: on the H200 as a stand-in (the same mma.sync code at 16 heads) it beats
-        # (16, 32) by 24% at 8 heads x 256 tokens (304 vs 399 us) and 21% at 64 tokens (88.5 vs 111.5 us), graph;
-        # not measured on sm_120/8x hardware.  92 KiB, 247-255 regs, no spill on sm_120/121/89/86/80.
-        t16 = FwdTile(16, 64, 8, 1, 1, prefetch=True)
-        t32 = FwdTile(32, 32, 8, 1, 1, prefetch=True)       # 74 KiB, 234 regs
-        return {16: t16, 32: t32, 64: t32}
-    return {16: FwdTile(16, 32, 4, 5, 1),                    # 94 KiB, 184 regs
-            32: FwdTile(32, 16, 8, 5, 1),                    # 75 KiB, 142 regs
-            64: FwdTile(32, 16, 8, 5, 1)}
-
-
-def _head_class(num_heads: int) -> int:
-    return 16 if num_heads <= 16 else (32 if num_heads <= 32 else 64)
-
-
-def compute_dtype(q_dtype: torch.dtype, kv_format: str, on_gpu: bool = True) -> torch.dtype:
-    """The dtype the kernel's dots take: the queries' own, except fp16 queries on the fp8_ds_mla cache (what GGUF
-    serving runs on sm_100+, sm_120 included).  Those are rounded to bf16 on a GPU: fp16 P * scale leaves fp16's
-    range for caches far from unit scale, and keeping it in range took a per-tile rescale that cost ~25% (H200,
-    8 heads x 256 tokens: 377 vs 303 us); bf16's rounding (2**-9) is far below the cache's own e4m3 quantisation
-    (2**-4 a value).  In the interpreter, whose bf16 dots are wrong, they run in fp32."""
-    if kv_format == "fp8_ds_mla" and q_dtype == torch.float16:
-        return torch.bfloat16 if on_gpu else torch.float32
-    return q_dtype
-
-
-def _compute_name(q_dtype: torch.dtype, kv_format: str, on_gpu: bool) -> str:
-    """The COMPUTE constexpr: "q" (the queries' dtype), "bf16" or "f32"."""
-    cdt = compute_dtype(q_dtype, kv_format, on_gpu)
-    return "q" if cdt == q_dtype else ("bf16" if cdt == torch.bfloat16 else "f32")
-
-
-def fp8_decode_method(capability: tuple[int, int], dtype: torch.dtype, on_gpu: bool = True) -> str:
-    """The FP8_DECODE the fp8_ds_mla kernel uses for queries of ``dtype`` on ``capability`` (see FP8_DECODES).
-
-    Default: the native conversion from sm_89 on (measured fastest on an H200, bench/RESULTS.md 2026-11-30);
-    below sm_89, which has none, the packed PTX bit trick into bf16 (plain Triton in the interpreter).
-    ``GLM5_SPARSE_MLA_FP8_DECODE=<method>`` overrides it (benchmarking); a method this case cannot use is refused."""
-    if compute_dtype(dtype, "fp8_ds_mla", on_gpu) == torch.float32:
-        return "f32"
-    # every other case computes in bf16 (fp16 queries included), which all the methods below decode into
-    mode = os.environ.get("GLM5_SPARSE_MLA_FP8_DECODE", "auto").strip().lower() or "auto"
-    if mode == "auto":
-        if native_fp8_supported(capability):
-            return "cvt"
-        return "bf16ptx" if on_gpu else "bf16bits"
-    why = None
-    if mode not in FP8_DECODES or mode == "f32":
-        why = f"expected auto or one of {', '.join(FP8_DECODES[1:])}"
-    elif mode == "cvt" and not native_fp8_supported(capability):
-        why = f"cvt needs sm_89 or newer, this is sm_{capability[0]}{capability[1]}"
-    elif mode.endswith("ptx") and not on_gpu:
-        why = f"{mode} is PTX: GPU only (the interpreter takes {mode[:-3]}bits)"
-    if why:
-        raise ValueError(f"GLM5_SPARSE_MLA_FP8_DECODE={mode!r}: {why}")
-    return mode
-
-
-def select_fwd_tile(capability, dtype, kv_format, num_heads, num_tokens: Optional[int] = None,
-                    topk: Optional[int] = None, num_sms: Optional[int] = None) -> FwdTile:
-    """The tile for ``num_heads``' class; given the launch's tokens, top-k and SM count, a decode of so few tokens
-    that wide-head programs cannot fill the GPU even at the largest split count takes the 16-head tile instead
-    (more, shorter programs: 64 heads at T=1 run as 4 x 32 programs rather than 1 x 32)."""
-    tiles = _fwd_tiles(tuple(capability), compute_dtype(dtype, kv_format), kv_format)
-    tile = tiles[_head_class(num_heads)]
-    if num_tokens is None or topk is None or num_sms is None or tile.block_h <= 16:
-        return tile
-    max_splits = max(1, min(MAX_SPLITS, triton.cdiv(topk, tile.block_n) // 2))
-    if num_tokens * triton.cdiv(num_heads, tile.block_h) * max_splits < num_sms * tile.occupancy:
-        return tiles[16]
-    return tile
-
-
-COMBINE_BLOCK_D = 128
-
-
-def _combine_block_s(num_splits: int) -> int:
-    return 8 if num_splits <= 8 else 32
-
-
-def kernel_configs(capability, dtype, kv_format) -> list[KernelConfig]:
-    """Every (kernel, constexprs, num_warps, num_stages) the launch heuristics can pick on ``capability`` for
-    query dtype ``dtype`` (bf16/fp16) and ``kv_format``.  fp32 queries are an interpreter-only test path and have
-    no GPU configurations.  The fp8 decode is the one :func:`fp8_decode_method` picks on a GPU, so the
-    ``GLM5_SPARSE_MLA_FP8_DECODE`` benchmarking override compiles that method's variants instead."""
-    cap = tuple(capability)
-    if kv_format not in KV_FORMATS:
-        raise ValueError(f"kv_format must be one of {KV_FORMATS}, got {kv_format!r}")
-    if dtype not in (torch.bfloat16, torch.float16):
-        return []
-    is_fp8 = kv_format == "fp8_ds_mla"
-    decode = fp8_decode_method(cap, dtype) if is_fp8 else NO_FP8_DECODE
-    compute = _compute_name(dtype, kv_format, True)
-    seen, out = set(), []
-    for tile in _fwd_tiles(cap, compute_dtype(dtype, kv_format), kv_format).values():
-        for partial in (False, True):
-            cfg = KernelConfig("fwd", tuple(sorted(dict(
-                IS_FP8=is_fp8, FP8_DECODE=decode, COMPUTE=compute, WRITE_PARTIAL=partial, PREFETCH=tile.prefetch,
-                SPLIT_LOADS=tile.split_loads,
-                BLOCK_H=tile.block_h, BLOCK_N=tile.block_n).items())), tile.num_warps, tile.num_stages)
-            if cfg not in seen:
-                seen.add(cfg)
-                out.append(cfg)
-    for bs in (8, 32):
-        out.append(KernelConfig("combine", tuple(sorted(dict(BLOCK_S=bs, BLOCK_D=COMBINE_BLOCK_D).items())), 4, 1))
-    return out
-
-
-@functools.lru_cache(maxsize=4096)
-def choose_num_splits(num_tokens: int, num_heads: int, topk: int, num_sms: int, block_h: int, block_n: int,
-                      occupancy: int = 1, row_bytes: int = 2 * D_QK) -> int:
-    """Split count from shapes only (so a CUDA graph captured for a fixed T stays valid).
-
-    Cost in units of "one program gathers and processes one tile of BLOCK_N rows":
-    ``waves * (tiles per program + partial write) + combine``, where ``waves = ceil(programs / (SMs *
-    occupancy))``, a program's fp32 partial (BLOCK_H x 512) costs half its size in tile bytes, and the combine
-    costs a launch (2 tiles) plus streaming every partial twice over all SMs.  Ties go to fewer splits, every
-    split keeps at least two tiles (so the gather pipeline has something to overlap), at most MAX_SPLITS."""
-    hb = triton.cdiv(num_heads, block_h)
-    base = num_tokens * hb
-    n_tiles = triton.cdiv(topk, block_n)
-    slots = max(1, num_sms * occupancy)
-    tile_bytes = float(block_n * row_bytes)
-    part_bytes = float(block_h * (D_V + 1) * 4)
-    max_s = max(1, min(MAX_SPLITS, n_tiles // 2))
-    best, best_cost = 1, None
-    for s in range(1, max_s + 1):
-        tps = triton.cdiv(n_tiles, s)
-        if triton.cdiv(n_tiles, tps) != s:  # same per-program work as a smaller s
-            continue
-        waves = triton.cdiv(base * s, slots)
-        if s == 1:
-            cost = float(waves * tps)
-        else:
-            cost = (waves * (tps + 0.5 * part_bytes / tile_bytes) + 2.0
-                    + 2.0 * base * s * part_bytes / (max(1, num_sms) * tile_bytes))
-        if best_cost is None or cost < best_cost - 1e-9:
-            best, best_cost = s, cost
-    return best
-
-
-@functools.lru_cache(maxsize=64)
-def _device_info(index: int):
-    props = torch.cuda.get_device_properties(index)
-    return (props.major, props.minor), props.multi_processor_count
-
-
-# default target when running on CPU (Triton interpreter): behaves like an sm_120 board
-CPU_DEFAULT_CAPABILITY = (12, 0)
-CPU_DEFAULT_NUM_SMS = 16
-
-
-def workspace_numel(num_tokens: int, num_heads: int, num_splits: int) -> int:
-    """float32 elements needed for the split partials (out + lse); 0 when num_splits == 1."""
-    if num_splits <= 1:
-        return 0
-    return num_tokens * num_splits * num_heads * (D_V + 1)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -672,43 +421,6 @@ def _kv_geometry(kv_cache: torch.Tensor, kv_format: str, q_dtype: torch.dtype):
     if nb <= 1:  # a single block is never stepped over; keep the value the kernel was always specialised on
         stride_b = bs * stride_r
     return kv, nb, bs, stride_b, stride_r
-
-
-class _Plan(NamedTuple):
-    """Everything about a launch that follows from (device, shapes, dtypes, format, overrides): built once per
-    distinct key by :func:`_launch_plan`, so a call only checks its tensors, allocates and launches."""
-
-    num_hb: int
-    num_splits: int
-    fwd_grid: tuple
-    fwd_kwargs: dict  # constexprs + num_warps/num_stages
-    ws_numel: int
-    n_out: int  # float32 elements of the partial outputs at the start of the workspace
-    ws_strides: tuple  # (out t, s, h, lse t, s, h) of the workspace's two regions
-    combine_grid: tuple
-    combine_kwargs: dict
-
-
-@functools.lru_cache(maxsize=4096)
-def _launch_plan(cap, sms, dtype, kv_format, decode, T, H, K, num_splits, tile, compute="q") -> _Plan:
-    if tile is None:
-        tile = select_fwd_tile(cap, dtype, kv_format, H, T, K, sms)
-    num_hb = triton.cdiv(H, tile.block_h)
-    n_tiles = triton.cdiv(K, tile.block_n)
-    if num_splits is None:
-        num_splits = choose_num_splits(T, H, K, sms, tile.block_h, tile.block_n, tile.occupancy,
-                                       FP8_ROW_BYTES if kv_format == "fp8_ds_mla" else 2 * D_QK)
-    # every split needs a tile, and the combine kernel reads at most MAX_SPLITS partials
-    num_splits = max(1, min(int(num_splits), n_tiles, MAX_SPLITS))
-    fwd_kwargs = dict(IS_FP8=kv_format == "fp8_ds_mla", FP8_DECODE=decode, COMPUTE=compute,
-                      WRITE_PARTIAL=num_splits > 1,
-                      BLOCK_H=tile.block_h, BLOCK_N=tile.block_n, PREFETCH=tile.prefetch,
-                      SPLIT_LOADS=tile.split_loads,
-                      num_warps=tile.num_warps, num_stages=tile.num_stages)
-    S = num_splits
-    return _Plan(num_hb, S, (T * S * num_hb,), fwd_kwargs, workspace_numel(T, H, S), T * S * H * D_V,
-                 (S * H * D_V, H * D_V, D_V, S * H, H, 1), (T * H * (D_V // COMBINE_BLOCK_D),),
-                 dict(BLOCK_S=_combine_block_s(S), BLOCK_D=COMBINE_BLOCK_D, num_warps=4, num_stages=1))
 
 
 def sparse_mla_attention(q, kv_cache: torch.Tensor, indices: torch.Tensor, sm_scale: float, *,
@@ -809,7 +521,7 @@ def sparse_mla_attention(q, kv_cache: torch.Tensor, indices: torch.Tensor, sm_sc
         return out, lse
 
     if is_cuda:
-        cap, sms = _device_info(dev.index if dev.index is not None else torch.cuda.current_device())
+        cap, sms = cuda_capability_and_sms(dev.index if dev.index is not None else torch.cuda.current_device())
     else:
         cap, sms = CPU_DEFAULT_CAPABILITY, CPU_DEFAULT_NUM_SMS
     if capability is not None:
@@ -823,27 +535,18 @@ def sparse_mla_attention(q, kv_cache: torch.Tensor, indices: torch.Tensor, sm_sc
 
     os_ = out.stride()
     ls = lse.stride()
-    if plan.num_splits == 1:
-        _sparse_mla_fwd_kernel[plan.fwd_grid](
-            q_nope, q_pe, kv, indices, out, lse,
-            sm_scale * LOG2E,
-            H, K, nb * bs, bs, plan.num_hb, 1,
-            qs[0], qs[1], ps[0], ps[1],
-            stride_kb, stride_kr, indices.stride(0),
-            os_[0], 0, os_[1],
-            ls[0], 0, ls[1],
-            **plan.fwd_kwargs)
-        return out, lse
-
-    if workspace is None:
-        workspace = torch.empty(plan.ws_numel, dtype=torch.float32, device=dev)
-    elif workspace.dtype != torch.float32 or workspace.numel() < plan.ws_numel or not workspace.is_contiguous():
-        raise ValueError(f"workspace must be a contiguous float32 tensor with >= {plan.ws_numel} elements")
-    # partial outputs [T, S, H, 512] from the workspace's start (passed as is: same pointer), then LSEs [T, S, H]
-    ws_lse = workspace[plan.n_out:]
-    w = plan.ws_strides
+    if plan.num_splits == 1:  # the forward kernel writes the result itself (split stride 0)
+        fwd_out, fwd_lse, w = out, lse, (os_[0], 0, os_[1], ls[0], 0, ls[1])
+    else:
+        if workspace is None:
+            workspace = torch.empty(plan.ws_numel, dtype=torch.float32, device=dev)
+        elif (workspace.dtype != torch.float32 or workspace.numel() < plan.ws_numel
+              or not workspace.is_contiguous()):
+            raise ValueError(f"workspace must be a contiguous float32 tensor with >= {plan.ws_numel} elements")
+        # partial outputs [T, S, H, 512] from the workspace's start (passed as is: same pointer), then LSEs [T, S, H]
+        fwd_out, fwd_lse, w = workspace, workspace[plan.n_out:], plan.ws_strides
     _sparse_mla_fwd_kernel[plan.fwd_grid](
-        q_nope, q_pe, kv, indices, workspace, ws_lse,
+        q_nope, q_pe, kv, indices, fwd_out, fwd_lse,
         sm_scale * LOG2E,
         H, K, nb * bs, bs, plan.num_hb, plan.num_splits,
         qs[0], qs[1], ps[0], ps[1],
@@ -851,8 +554,10 @@ def sparse_mla_attention(q, kv_cache: torch.Tensor, indices: torch.Tensor, sm_sc
         w[0], w[1], w[2],
         w[3], w[4], w[5],
         **plan.fwd_kwargs)
+    if plan.num_splits == 1:
+        return out, lse
     _sparse_mla_combine_kernel[plan.combine_grid](
-        workspace, ws_lse, out, lse,
+        workspace, fwd_lse, out, lse,
         H, plan.num_splits,
         w[0], w[1], w[2],
         w[3], w[4], w[5],

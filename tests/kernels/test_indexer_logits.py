@@ -17,7 +17,7 @@ import triton.language as tl
 
 from glm5_shim.kernels import indexer_logits as il
 from glm5_shim.kernels import indexer_logits_reference as ref
-from glm5_shim.kernels.fp8 import e4m3_bytes_to_f32_torch
+from glm5_shim.kernels.fp8 import e4m3_bytes_to_f16_div256, e4m3_bytes_to_f32_torch
 
 # fp32 accumulation of exact fp8 products: error <= ~(128 + 32) * 2**-24 of sum_h |w| sum_d |q k| s.
 RTOL_BOUND = 2e-5
@@ -54,7 +54,7 @@ def _check(out, want, bound, *, clean):
 @triton.jit
 def _decode16_kernel(src, dst, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
-    tl.store(dst + offs, il._e4m3_bytes_to_f16_div256(tl.load(src + offs)).to(tl.float32))
+    tl.store(dst + offs, e4m3_bytes_to_f16_div256(tl.load(src + offs)).to(tl.float32))
 
 
 def test_manual_e4m3_decoder_all_bytes():
