@@ -12,9 +12,9 @@ from .config import indexer_layout
 from .dequant import VLLM_UNQUANTIZED_TYPES
 from .errors import GGUFError
 from .reader import GGUFModel, TensorInfo
-from .tensor_map import ROLE_MTP, ROLE_SHARED_INDEXER, TensorMap, TensorSpec, build_tensor_map, \
+from .tensor_map import ROLE_MTP, ROLE_REBUILD_KV_B, ROLE_SHARED_INDEXER, TensorMap, TensorSpec, build_tensor_map, \
     known_unused_tensor
-from .type_policy import KV_B, SKIP, GroupNote, Treatment, loaded_type, settle_groups, skip_reason, treatment
+from .type_policy import SKIP, GroupNote, Treatment, loaded_type, settle_groups, skip_reason, treatment
 
 
 @dataclass
@@ -59,7 +59,7 @@ class LoadPlan:
 
     @property
     def tied_embeddings(self) -> bool:
-        return "output.weight" not in self.model
+        return bool(self.config["tie_word_embeddings"])  # config.build_hf_config: no output.weight in the file
 
     def weight_types(self) -> dict[str, str]:
         """HF weight name → GGML type name as vLLM should see it (float for everything the loader makes float)."""
@@ -162,16 +162,11 @@ def _settle_groups(plan: LoadPlan) -> None:
 
 
 def _check_kv_b_complete(plan: LoadPlan) -> None:
-    parts: dict[int, set[str]] = {}
-    for t in plan.by_action(KV_B):
-        parts.setdefault(t.spec.layer, set()).add(t.gguf_name.rsplit(".", 2)[-2])
-    for layer in range(plan.config["num_hidden_layers"]):
-        have = parts.get(layer, set())
-        if "attn_kv_b" in have or {"attn_k_b", "attn_v_b"} <= have:
-            continue
-        missing = sorted({"attn_k_b", "attn_v_b"} - have)
-        raise GGUFError(f"{plan.model.path}: tensor blk.{layer}.{missing[0]}.weight is missing "
-                        "(expected attn_k_b and attn_v_b, or a legacy attn_kv_b, to rebuild kv_b_proj)")
+    """kv_b_proj of every trunk layer needs attn_k_b and attn_v_b, or a legacy attn_kv_b (TensorMap.missing)."""
+    for spec in plan.tensor_map.missing(plan.model.tensors):
+        if spec.base_role == ROLE_REBUILD_KV_B and not spec.is_mtp:
+            raise GGUFError(f"{plan.model.path}: tensor {spec.gguf_name} is missing "
+                            "(expected attn_k_b and attn_v_b, or a legacy attn_kv_b, to rebuild kv_b_proj)")
 
 
 def describe(plan: LoadPlan) -> dict[str, int]:
