@@ -14,7 +14,8 @@ from .errors import GGUFError
 from .reader import GGUFModel, TensorInfo
 from .tensor_map import ROLE_MTP, ROLE_REBUILD_KV_B, ROLE_SHARED_INDEXER, TensorMap, TensorSpec, build_tensor_map, \
     known_unused_tensor
-from .type_policy import SKIP, GroupNote, Treatment, loaded_type, settle_groups, skip_reason, treatment
+from .type_policy import SKIP, GroupNote, Treatment, loaded_type, row_problem, settle_groups, skip_reason, \
+    treatment
 
 
 @dataclass
@@ -137,6 +138,9 @@ def _plan_one(info: TensorInfo, spec: TensorSpec) -> PlannedTensor | Refusal:
         return PlannedTensor(info, spec, SKIP, spec.hf_name, skip)
     if tuple(info.shape) != tuple(spec.shape):
         return Refusal(info, spec, f"{loc}: shape {list(info.shape)}, expected {list(spec.shape)} from the metadata")
+    problem = row_problem(info)
+    if problem is not None:
+        return Refusal(info, spec, f"{loc}: {problem}")
     decided = treatment(spec, info)
     if decided.refused:
         return Refusal(info, spec, f"{loc}: {decided.reason}")

@@ -21,7 +21,8 @@ Per tensor (`treatment`), from the tensor table's role and float_only flag and t
   float_only (norms, router, biases)   F32/F16/BF16 → float; anything else refused
   rebuild-kv_b                         any type the gguf package can dequantize → kv_b; else refused
   force-float (indexer wk, proj)       F32/F16/BF16 → float; other dequantizable types → dequantize; else refused
-  experts                              a vLLM quant type → keep; F32/F16/BF16 → requantize (warned); else refused
+  experts                              a vLLM quant type → keep; F32/F16/BF16 → requantize (warned; rows must be
+                                       whole Q8_0 blocks); else refused
   normal                               F32/F16/BF16 → float; a vLLM quant type → keep; another dequantizable type
                                        → dequantize (warned, with its cost); else refused
 
@@ -30,7 +31,8 @@ load partly float and partly quantized has its quantized members dequantized; ro
 that would reach vLLM as different types are both re-quantized.  A tensor such a rule must convert but the gguf
 package cannot dequantize is refused.
 
-Each refusal and warning is one clause ("type X ..., expected ..."); the caller puts the file and tensor in front.
+A type whose blocks do not tile a row (`row_problem`) fits no tensor.  Each refusal and warning is one clause
+("type X ..., expected ..."); the caller puts the file and tensor in front.
 Pure rules: no model file, no vLLM.
 """
 from __future__ import annotations
@@ -86,9 +88,18 @@ def skip_reason(spec: TensorSpec) -> str | None:
     return None
 
 
+def row_problem(info: Any) -> str | None:
+    """A type fits a tensor only when each row (`info`: type_name, shape in numpy order) is whole blocks of it."""
+    block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[info.type_name]][0]
+    if info.shape and info.shape[-1] % block:
+        return f"row length {info.shape[-1]} is not a multiple of the {info.type_name} block size {block}"
+    return None
+
+
 def treatment(spec: TensorSpec, info: Any) -> Treatment:
-    """The treatment of a tensor (`info`: type_name, n_elements) as its table entry outside the MTP block
-    (spec.base_role) would get it; skipping (`skip_reason`) is the caller's to decide first."""
+    """The treatment of a tensor (`info`: type_name, shape, n_elements) as its table entry outside the MTP block
+    (spec.base_role) would get it; skipping (`skip_reason`), the shape and `row_problem` are the caller's to check
+    first."""
     type_name = info.type_name
     is_float = is_float_type(type_name)
     role = spec.base_role
@@ -105,6 +116,11 @@ def treatment(spec: TensorSpec, info: Any) -> Treatment:
         return Treatment(FLOAT if is_float else DEQUANTIZE, "vLLM builds this module unquantized")
     if role == ROLE_EXPERTS:
         if is_float:
+            block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[REQUANTIZE_TYPE]][0]
+            if info.shape[-1] % block:
+                return Treatment(None, f"row length {info.shape[-1]} of {type_name} routed experts is not a multiple "
+                                       f"of the {REQUANTIZE_TYPE} block size {block}, expected whole blocks (vLLM "
+                                       f"0.23 runs only quantized GGUF experts: the loader re-quantizes float ones)")
             return Treatment(REQUANTIZE, f"routed experts are {type_name}; vLLM 0.23's GGUF MoE method runs only "
                                          f"quantized experts, so the loader re-quantizes them to {REQUANTIZE_TYPE}",
                              warn=True)

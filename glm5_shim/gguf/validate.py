@@ -18,15 +18,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import gguf
-
 from .config import build_hf_config, config_shape_problems, indexer_layout, mtp_block_absent
 from .errors import GGUFError
 from .reader import GLM_DSA_ARCH, GGUFModel, open_gguf
 from .llama_tools import layer_of
 from .load_plan import plan_tensors
 from .tensor_map import ROLE_SHARED_INDEXER, TensorMap, build_tensor_map, known_unused_tensor
-from .type_policy import treatment
+from .type_policy import row_problem, treatment
 
 ERROR = "error"
 WARNING = "warning"
@@ -188,10 +186,9 @@ def _tensor_findings(model: GGUFModel, info, spec) -> list[Finding]:
         out.append(Finding(ERROR, f"{where}: expected shape {list(spec.shape)} (from the metadata), "
                                   f"found {list(info.shape)}", tensor=info.name))
         return out
-    block_size = gguf.GGML_QUANT_SIZES[info.ggml_type][0]
-    if info.shape and info.shape[-1] % block_size != 0:
-        out.append(Finding(ERROR, f"{where}: row length {info.shape[-1]} is not a multiple of the {info.type_name} "
-                                  f"block size {block_size}", tensor=info.name))
+    problem = row_problem(info)
+    if problem is not None:  # the file itself is malformed: an error in the MTP block too
+        out.append(Finding(ERROR, f"{where}: {problem}", tensor=info.name))
         return out
 
     decided = treatment(spec, info)
