@@ -89,6 +89,11 @@ def inspect_report(path: str | Path, assume: ServeAssumptions = ServeAssumptions
         model = open_gguf(path, expected_architecture=GLM_DSA_ARCH)
     except GGUFError as exc:
         return {"path": str(path), "error": str(exc), "findings": [{"level": "error", "message": str(exc)}]}
+    return inspect_model(model, assume)
+
+
+def inspect_model(model: GGUFModel, assume: ServeAssumptions = ServeAssumptions()) -> dict[str, Any]:
+    """inspect_report of an opened model."""
     report: dict[str, Any] = {
         "path": str(model.path),
         "shards": [str(p) for p in model.paths],
