@@ -8,6 +8,9 @@ and torch are imported inside the functions that need them).
   tensor_map  build_tensor_map(config) → GGUF name → HF name, shape, role
   kv_b        rebuild_kv_b / split_kv_b
   dequant     dequantize(tensor) → float32; the GGML types vLLM 0.23 runs
+  type_policy which GGML types each tensor may have and what the loader does with each (validate, load_plan
+              and report apply it)
+  load_plan   plan_load(model, config) → every tensor's action
   validate    validate(path) → [Finding], check(path)
   tokenizer   build_hf_tokenizer(path), save_tokenizer_dir(path, out_dir)
   fixture     make_tiny(out_path, ...) → tiny random glm-dsa GGUF + reference weights (a package: one module a job)

@@ -1,14 +1,16 @@
 """Summarise a glm-dsa GGUF: config, tensor types, validator findings, GPU weight memory and KV-cache size.
 
-Weight memory per GPU for tensor parallel size TP (the MTP block is left out, the loader skips it):
+Weight memory per GPU for tensor parallel size TP:
   * divided by TP: column/row-parallel linears (attn_q_b, kv_b, attn_output, dense and shared-expert FFN),
     routed experts (split by TP or EP either way), the vocab embedding and lm_head;
   * replicated on every GPU: norms, the DSA indexer (wq_b, wk, weights_proj, k_norm), the fused
     q_a/kv_a projection (vLLM builds it with disable_tp), the router and its bias;
-  * bytes: quantized tensors keep their GGUF size; float tensors, and the ones the loader turns into float
-    (kv_b rebuilt from attn_k_b + attn_v_b, indexer wk / weights_proj), take 2 bytes per value (bfloat16).
-  * the indexer tensors of GLM-5.2's shared-indexer layers, where a file has them, are not counted (the loader
-    skips them).
+  * bytes: what the load plan hands vLLM (glm5_shim.gguf.type_policy.gpu_bytes): quantized tensors kept as they are
+    take their GGUF size, re-quantized experts their Q8_0 size; float tensors, and the ones the loader turns into
+    float (kv_b rebuilt from attn_k_b + attn_v_b, indexer wk / weights_proj, types vLLM has no kernel for), take
+    2 bytes per value (bfloat16); a tensor the plan refuses counts as it is in the file.
+  * what the loader skips is not counted: the MTP block, the indexer tensors of GLM-5.2's shared-indexer layers
+    where a file has them, tensors GLM-5 does not use.
 KV cache per token (MLA keeps one latent per token, replicated across TP ranks; rules in glm5_shim.gguf.memory):
   * MLA latent, every trunk layer: (kv_lora + rope) values x 2 bytes in bf16 = 1152 B for GLM-5, or fp8_ds_mla:
     kv_lora fp8 bytes + 4-byte scale per 128 values + rope x 2 bytes = 656 B;
@@ -27,38 +29,41 @@ from pathlib import Path
 from typing import Any
 
 from .config import build_hf_config, indexer_layout
-from .dequant import is_float_type
 from .errors import GGUFError
-from .load_plan import plan_load
+from .load_plan import LoadPlan, plan_load, plan_tensors
 from . import memory
 from .memory import GIB, ServeAssumptions, context_table, format_context_table
 from .reader import GLM_DSA_ARCH, GGUFModel, open_gguf
-from .tensor_map import ROLE_EXPERTS, ROLE_FORCE_FLOAT, ROLE_REBUILD_KV_B, ROLE_SHARED_INDEXER, TP_REPLICATED, \
-    build_tensor_map
+from .tensor_map import ROLE_EXPERTS, TP_REPLICATED, build_tensor_map
 from .tp_split import clean_tp_sizes, split_problems
+from .type_policy import ACTIONS, KEEP, gpu_bytes
 from .validate import validate_model
 
 TP_SIZES = (1, 2, 4, 8)
-BF16_BYTES = 2
 
-def weight_bytes_per_gpu(model: GGUFModel, config: dict[str, Any], tp_sizes=TP_SIZES) -> dict[int, int]:
-    """Bytes of weights each GPU holds for each TP size (rule in the module docstring)."""
-    tensor_map = build_tensor_map(config, include_mtp=True)
+
+def weight_bytes_per_gpu(model: GGUFModel, config: dict[str, Any], tp_sizes=TP_SIZES,
+                         plan: LoadPlan | None = None) -> dict[int, int]:
+    """Bytes of weights each GPU holds for each TP size (rule in the module docstring).  plan: plan_tensors's."""
+    plan = plan if plan is not None else plan_tensors(model, config)
+    sized = [(t.spec, gpu_bytes(t.action, t.info)) for t in plan.tensors]
+    sized += [(r.spec, gpu_bytes(KEEP, r.info)) for r in plan.refused]  # as it is in the file
     sharded, replicated = 0, 0
-    for info in model:
-        spec = tensor_map.get(info.name)
-        if spec is not None and (spec.is_mtp or spec.role == ROLE_SHARED_INDEXER):
-            continue
-        role = spec.base_role if spec is not None else None
-        if role in (ROLE_REBUILD_KV_B, ROLE_FORCE_FLOAT) or is_float_type(info.type_name):
-            size = info.n_elements * BF16_BYTES
-        else:
-            size = info.n_bytes
+    for spec, size in sized:
         if spec is not None and spec.tp_split != TP_REPLICATED:  # the tensor table says how vLLM splits it
             sharded += size
         else:
             replicated += size
     return {tp: replicated + -(-sharded // tp) for tp in tp_sizes}
+
+
+def load_actions(plan: LoadPlan) -> dict[str, int]:
+    """How many tensors the loader treats each way (type_policy's actions), and how many it refuses."""
+    counts = Counter(t.action for t in plan.tensors)
+    out = {action: counts[action] for action in ACTIONS if counts[action]}
+    if plan.refused:
+        out["refused"] = len(plan.refused)
+    return out
 
 
 def kv_cache_bytes_per_token(config: dict[str, Any], indexer_layers: int | None = None) -> dict[str, int]:
@@ -84,6 +89,11 @@ def inspect_report(path: str | Path, assume: ServeAssumptions = ServeAssumptions
         model = open_gguf(path, expected_architecture=GLM_DSA_ARCH)
     except GGUFError as exc:
         return {"path": str(path), "error": str(exc), "findings": [{"level": "error", "message": str(exc)}]}
+    return inspect_model(model, assume)
+
+
+def inspect_model(model: GGUFModel, assume: ServeAssumptions = ServeAssumptions()) -> dict[str, Any]:
+    """inspect_report of an opened model."""
     report: dict[str, Any] = {
         "path": str(model.path),
         "shards": [str(p) for p in model.paths],
@@ -113,7 +123,9 @@ def inspect_report(path: str | Path, assume: ServeAssumptions = ServeAssumptions
     layout = indexer_layout(model, config["num_hidden_layers"])
     report["indexer_layout"] = {"pattern": layout.pattern, "full_layers": sum(layout.full),
                                 "shared_layers": len(layout.shared_layers), "description": layout.describe()}
-    weights = weight_bytes_per_gpu(model, config)
+    plan = plan_tensors(model, config)
+    report["load_actions"] = load_actions(plan)
+    weights = weight_bytes_per_gpu(model, config, plan=plan)
     report["weight_bytes_per_gpu"] = {str(tp): b for tp, b in weights.items()}
     report["kv_cache_bytes_per_token"] = kv_cache_bytes_per_token(config, sum(layout.full))
     report["longest_context"] = context_table(config, weights, assume)
@@ -161,8 +173,9 @@ def format_report(report: dict[str, Any]) -> str:
             lines.append(f"  {key}: {config[key]}")
         lines.append("tensor roles: " + ", ".join(f"{k} x{v}" for k, v in report["roles"].items()))
         lines.append(f"MTP block (skipped by the loader): {_size(report['mtp_bytes'])}")
-        lines.append("weights per GPU (MTP excluded; TP-split: q_b/kv_b/o_proj/FFN/experts/embedding/lm_head; "
-                     "replicated: norms/indexer/q_a+kv_a/router; float as bf16):")
+        lines.append("loader: " + ", ".join(f"{action} x{n}" for action, n in report["load_actions"].items()))
+        lines.append("weights per GPU (skipped tensors excluded; TP-split: q_b/kv_b/o_proj/FFN/experts/embedding/"
+                     "lm_head; replicated: norms/indexer/q_a+kv_a/router; float as bf16):")
         for tp, size in report["weight_bytes_per_gpu"].items():
             lines.append(f"  TP{tp}: {_size(size)}")
         split = report.get("tp_split", {})

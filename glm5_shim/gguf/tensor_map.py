@@ -1,9 +1,10 @@
 """The explicit glm-dsa tensor table: GGUF name → the HF name vLLM's DeepseekV2Model.load_weights consumes.
 
 Every entry carries the expected shape (numpy order, i.e. reversed GGUF ne) computed from the HF config,
-and a role telling the loader how to treat it:
+and a role telling the loader how to treat it (which GGML types each role may have, and what the loader does with
+each: glm5_shim.gguf.type_policy):
 
-  normal         load as-is (quantized stays quantized, float stays float)
+  normal         a linear weight, the embedding, a norm or the router: loaded as it is where vLLM can run it
   rebuild-kv_b   attn_k_b + attn_v_b (or a legacy attn_kv_b) → one float kv_b_proj weight
   force-float    vLLM builds these modules without quant_config: dequantize to float
   experts        3-D stacked routed experts, fed to vLLM as "expert 0" with the whole tensor
@@ -49,9 +50,9 @@ class TensorSpec:
     required: bool = True
     # What the tensor would be outside the MTP block (role is ROLE_MTP there).
     base_role: str = ROLE_NORMAL
-    # llama.cpp never quantizes these (1-D tensors, norms, router, biases): they must be float.
+    # llama.cpp never quantizes these (1-D tensors, norms, router, biases): they must be float (type_policy).
     float_only: bool = False
-    # vLLM fuses these into one module; all members must be quantized, or all float.
+    # vLLM fuses these into one module, in one precision (type_policy.settle_groups).
     fused_group: str | None = None
     # The member's shard id in that module (vLLM's stacked_params_mapping): the order its output is concatenated in.
     fused_shard: int | None = None
@@ -60,11 +61,6 @@ class TensorSpec:
     @property
     def is_mtp(self) -> bool:
         return self.role == ROLE_MTP
-
-    @property
-    def loader_dequantizes(self) -> bool:
-        """The loader turns this tensor into a float weight, so any gguf-dequantizable type is fine."""
-        return self.base_role in (ROLE_REBUILD_KV_B, ROLE_FORCE_FLOAT)
 
 
 class TensorMap:

@@ -8,6 +8,9 @@ Levels:
   warning  the loader has to work around it (or it is harmless): mixed fused groups, differing gate/up
            expert types, float routed experts, problems confined to the skipped MTP block (one line when the
            metadata declares it but none of its tensors is there), stray tensors
+
+Which types a tensor may have, and which of them the loader works around, is glm5_shim.gguf.type_policy's: the
+same rules the load plan applies (the cross-tensor ones are read off the plan itself).
 """
 
 from __future__ import annotations
@@ -15,14 +18,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import gguf
-
 from .config import build_hf_config, config_shape_problems, indexer_layout, mtp_block_absent
-from .dequant import VLLM_DEQUANT_TYPES, VLLM_RUNNABLE_TYPES, can_dequantize, is_float_type
 from .errors import GGUFError
 from .reader import GLM_DSA_ARCH, GGUFModel, open_gguf
 from .llama_tools import layer_of
-from .tensor_map import ROLE_EXPERTS, ROLE_SHARED_INDEXER, TensorMap, build_tensor_map, known_unused_tensor
+from .load_plan import plan_tensors
+from .tensor_map import ROLE_SHARED_INDEXER, TensorMap, build_tensor_map, known_unused_tensor
+from .type_policy import row_problem, treatment
 
 ERROR = "error"
 WARNING = "warning"
@@ -76,7 +78,7 @@ def validate_model(model: GGUFModel) -> list[Finding]:
         spec = tensor_map.get(info.name)
         if spec is not None and spec.role != ROLE_SHARED_INDEXER:
             findings += _tensor_findings(model, info, spec)
-    findings += _group_findings(model, tensor_map)
+    findings += _group_findings(model, config)
     return findings
 
 
@@ -184,65 +186,22 @@ def _tensor_findings(model: GGUFModel, info, spec) -> list[Finding]:
         out.append(Finding(ERROR, f"{where}: expected shape {list(spec.shape)} (from the metadata), "
                                   f"found {list(info.shape)}", tensor=info.name))
         return out
-    block_size = gguf.GGML_QUANT_SIZES[info.ggml_type][0]
-    if info.shape and info.shape[-1] % block_size != 0:
-        out.append(Finding(ERROR, f"{where}: row length {info.shape[-1]} is not a multiple of the {info.type_name} "
-                                  f"block size {block_size}", tensor=info.name))
+    problem = row_problem(info)
+    if problem is not None:  # the file itself is malformed: an error in the MTP block too
+        out.append(Finding(ERROR, f"{where}: {problem}", tensor=info.name))
         return out
 
-    type_name = info.type_name
-    # The MTP block is skipped by the loader today, so type problems there do not stop serving.
-    level = WARNING if spec.is_mtp else ERROR
-    if spec.float_only:
-        if not is_float_type(type_name):
-            out.append(Finding(level, f"{where}: type {type_name} is not allowed, expected F32/F16/BF16 "
-                                      f"(vLLM loads this tensor unquantized)", tensor=info.name))
-    elif spec.loader_dequantizes:
-        if not can_dequantize(type_name):
-            out.append(Finding(level, f"{where}: type {type_name} cannot be dequantized by the gguf package, "
-                                      f"expected a type gguf.quants can dequantize (the loader makes this "
-                                      f"tensor float)", tensor=info.name))
-    elif type_name not in VLLM_RUNNABLE_TYPES:
-        # Routed experts must stay quantized (vLLM 0.23's GGUF MoE method); a linear weight can be made float.
-        if spec.base_role != ROLE_EXPERTS and can_dequantize(type_name):
-            extra_mib = info.n_elements * 2 / 2**20
-            out.append(Finding(WARNING, f"{where}: type {type_name} has no vLLM 0.23 kernel; the loader "
-                                        f"dequantizes it to a float weight (+{extra_mib:.0f} MiB at 16 bits)",
-                               tensor=info.name))
-        else:
-            out.append(Finding(level, f"{where}: type {type_name} is not supported by vLLM 0.23's GGUF kernels, "
-                                      f"expected one of F32/F16/BF16 or {'/'.join(sorted(VLLM_DEQUANT_TYPES))}",
-                               tensor=info.name))
-    elif spec.base_role == ROLE_EXPERTS and type_name not in VLLM_DEQUANT_TYPES:
-        out.append(Finding(WARNING, f"{where}: routed experts are {type_name}; vLLM 0.23's GGUF MoE method runs "
-                                    f"only quantized experts, so the loader re-quantizes them to Q8_0",
-                           tensor=info.name))
+    decided = treatment(spec, info)
+    if decided.refused:
+        # The MTP block is skipped by the loader today, so type problems there do not stop serving.
+        out.append(Finding(WARNING if spec.is_mtp else ERROR, f"{where}: {decided.reason}", tensor=info.name))
+    elif decided.warn:
+        out.append(Finding(WARNING, f"{where}: {decided.reason}", tensor=info.name))
     return out
 
 
-def _group_findings(model: GGUFModel, tensor_map: TensorMap) -> list[Finding]:
-    out = []
-    path = model.path
-    groups: dict[str, list] = {}
-    for info in model:
-        spec = tensor_map.get(info.name)
-        if spec is not None and spec.fused_group:
-            groups.setdefault(spec.fused_group, []).append(info)
-    for group, members in groups.items():
-        kinds = {is_float_type(m.type_name) for m in members}
-        if len(kinds) > 1:
-            listing = ", ".join(f"{m.name}={m.type_name}" for m in members)
-            out.append(Finding(WARNING, f"{path}: tensors {listing} form vLLM's fused {group} but are not all "
-                                        f"quantized or all float; the loader dequantizes the quantized ones",
-                               tensor=members[0].name))
-    for spec in tensor_map:
-        if not spec.gguf_name.endswith("ffn_gate_exps.weight"):
-            continue
-        up_name = spec.gguf_name.replace("ffn_gate_exps", "ffn_up_exps")
-        gate, up = model.tensors.get(spec.gguf_name), model.tensors.get(up_name)
-        if gate is not None and up is not None and gate.type_name != up.type_name:
-            out.append(Finding(WARNING, f"{path}: tensors {gate.name} ({gate.type_name}) and {up.name} "
-                                        f"({up.type_name}) differ in type; vLLM keeps one type for the fused w13 "
-                                        f"expert weight, so the loader re-quantizes both to Q8_0",
-                               tensor=gate.name))
-    return out
+def _group_findings(model: GGUFModel, config: dict) -> list[Finding]:
+    """The load plan's cross-tensor rules (type_policy.settle_groups): fused groups made one precision, gate/up
+    experts made one type; a tensor such a rule cannot convert is an error."""
+    return [Finding(ERROR if note.refused else WARNING, f"{model.path}: {note.message}", tensor=note.tensor)
+            for note in plan_tensors(model, config).group_notes]

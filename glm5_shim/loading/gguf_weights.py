@@ -17,7 +17,8 @@ import torch
 
 from glm5_shim.gguf.dequant import dequantize
 from glm5_shim.gguf.kv_b import check_kv_b, rebuild_kv_b
-from glm5_shim.gguf.load_plan import DEQUANTIZE, FLOAT, KEEP, KV_B, REQUANTIZE, REQUANTIZE_TYPE, SKIP, LoadPlan
+from glm5_shim.gguf.load_plan import LoadPlan
+from glm5_shim.gguf.type_policy import DEQUANTIZE, FLOAT, KEEP, KV_B, REQUANTIZE, REQUANTIZE_TYPE, SKIP
 
 _Q8_0 = gguf.GGMLQuantizationType[REQUANTIZE_TYPE]
 

@@ -8,9 +8,10 @@ import pytest
 from glm5_shim.gguf.config import build_hf_config
 from glm5_shim.gguf.fixture import make_tiny
 from glm5_shim.gguf.report import inspect_report
-from glm5_shim.gguf.load_plan import DEQUANTIZE, KEEP, REQUANTIZE, PlannedTensor, plan_load
+from glm5_shim.gguf.load_plan import PlannedTensor, plan_load
 from glm5_shim.gguf.reader import open_gguf
 from glm5_shim.gguf.tp_split import clean_tp_sizes, split_problems
+from glm5_shim.gguf.type_policy import DEQUANTIZE, KEEP, REQUANTIZE
 
 
 def _plan(tensors):
