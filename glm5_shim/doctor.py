@@ -149,6 +149,7 @@ def _model_summary(path: str, gpu_bytes: int | None = None) -> dict:
         summary["indexer_layout"] = report["indexer_layout"]
         summary["kv_cache_bytes_per_token"] = report["kv_cache_bytes_per_token"]
         summary["longest_context"] = report["longest_context"]
+        summary["matmul_paths"] = report.get("matmul_paths")
         if "tp_split" in report:
             summary["tp_split"] = report["tp_split"]
     return summary
@@ -209,6 +210,10 @@ def format_text(r: dict) -> str:
             first, *rows = format_context_table(m["longest_context"], indent="    ")
             lines.append("  " + first)
             lines.extend(rows)
+        if m.get("matmul_paths"):
+            from glm5_shim.gguf.report import format_matmul_paths
+
+            lines.append("  " + format_matmul_paths(m["matmul_paths"]))
         split = m.get("tp_split", {})
         if "clean" in split:
             bad = [tp for tp in (1, 2, 4, 8) if tp not in split["clean"]]

@@ -15,6 +15,14 @@ def shim_kernel_covers(ggml_type: int, k: int) -> bool:
     return int(ggml_type) in SHIM_KERNEL_TYPES and k % K_MULTIPLE == 0
 
 
+def vllm_vector_kernel_rows(out_features: int) -> int:
+    """Up to how many activation rows vLLM 0.23 sends a K-quant or legacy-quant dense linear to its vector kernel
+    (``ggml_mul_mat_vec_a8``; ``_fused_mul_mat_gguf``'s ``mmvq_safe``).  There the shim leaves it: measured on the
+    H200 (bench/RESULTS.md, 2026-12-01) that kernel beats the shim's at one row (e.g. q_a+kv_a Q4_K 11 vs 19 µs),
+    while from 32 rows on the shim's is 2-10x faster than vLLM's tile kernel."""
+    return 2 if out_features > 5120 else 6
+
+
 def kernel_path(ggml_type: int, k: int, enabled: bool = True) -> str:
     """'shim', 'vllm' (vLLM's ggml kernels) or 'float' (unquantized: a plain matmul)."""
     if int(ggml_type) in (int(_T.F32), int(_T.F16), int(_T.BF16)):

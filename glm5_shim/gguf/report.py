@@ -28,7 +28,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import gguf
+
+from glm5_shim import settings
+
 from .config import build_hf_config, indexer_layout
+from .kernel_coverage import kernel_path
 from .errors import GGUFError
 from .load_plan import LoadPlan, plan_load, plan_tensors
 from . import memory
@@ -64,6 +69,30 @@ def load_actions(plan: LoadPlan) -> dict[str, int]:
     if plan.refused:
         out["refused"] = len(plan.refused)
     return out
+
+
+def matmul_paths(plan: LoadPlan, shim_kernels: bool = True) -> dict[str, dict[str, int]]:
+    """Which GGUF matmul runs each quantized weight vLLM receives: {"shim": {type: tensors}, "vllm": {...}}
+    (gguf/kernel_coverage.py decides; the embedding is a row lookup, not a matmul, and is left out)."""
+    out: dict[str, Counter] = {"shim": Counter(), "vllm": Counter()}
+    for t in plan.tensors:
+        name = t.vllm_type
+        if name is None or t.gguf_name == "token_embd.weight":
+            continue
+        path = kernel_path(int(gguf.GGMLQuantizationType[name]), t.info.shape[-1], shim_kernels)
+        if path != "float":
+            out[path][name] += 1
+    return {path: dict(sorted(c.items())) for path, c in out.items()}
+
+
+def format_matmul_paths(paths: dict[str, dict[str, int]]) -> str:
+    def listed(counts):
+        return ", ".join(f"{t} x{n}" for t, n in counts.items()) or "none"
+
+    hint = ("GLM5_SHIM_GGUF_KERNELS=vllm puts them all on vLLM's" if settings.gguf_kernels_choice() == "shim"
+            else "GLM5_SHIM_GGUF_KERNELS=vllm")
+    return (f"GGUF matmuls: shim kernels {listed(paths['shim'])}; vLLM's ggml kernels {listed(paths['vllm'])} "
+            f"(dense linears at 1-6 rows stay on vLLM's vector kernel in fp16 or below compute capability 10; {hint})")
 
 
 def kv_cache_bytes_per_token(config: dict[str, Any], indexer_layers: int | None = None) -> dict[str, int]:
@@ -125,6 +154,7 @@ def inspect_model(model: GGUFModel, assume: ServeAssumptions = ServeAssumptions(
                                 "shared_layers": len(layout.shared_layers), "description": layout.describe()}
     plan = plan_tensors(model, config)
     report["load_actions"] = load_actions(plan)
+    report["matmul_paths"] = matmul_paths(plan, shim_kernels=settings.gguf_kernels_choice() == "shim")
     weights = weight_bytes_per_gpu(model, config, plan=plan)
     report["weight_bytes_per_gpu"] = {str(tp): b for tp, b in weights.items()}
     report["kv_cache_bytes_per_token"] = kv_cache_bytes_per_token(config, sum(layout.full))
@@ -174,6 +204,8 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append("tensor roles: " + ", ".join(f"{k} x{v}" for k, v in report["roles"].items()))
         lines.append(f"MTP block (skipped by the loader): {_size(report['mtp_bytes'])}")
         lines.append("loader: " + ", ".join(f"{action} x{n}" for action, n in report["load_actions"].items()))
+    if report.get("matmul_paths"):
+        lines.append(format_matmul_paths(report["matmul_paths"]))
         lines.append("weights per GPU (skipped tensors excluded; TP-split: q_b/kv_b/o_proj/FFN/experts/embedding/"
                      "lm_head; replicated: norms/indexer/q_a+kv_a/router; float as bf16):")
         for tp, size in report["weight_bytes_per_gpu"].items():

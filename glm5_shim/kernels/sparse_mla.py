@@ -38,11 +38,7 @@ import triton
 import triton.language as tl
 
 from glm5_shim.kernels.device import cuda_capability_and_sms
-# tests/gpu/test_sparse_mla_gpu.py calls the device query by this module's old name for it
-from glm5_shim.kernels.device import cuda_capability_and_sms as _device_info  # noqa: F401
 from glm5_shim.kernels.fp8 import e4m3_bytes_decode
-# tests/gpu/test_sparse_mla_gpu.py imports fp8.py's portable fp16 decode under this module's old name for it
-from glm5_shim.kernels.fp8 import e4m3_bytes_to_f16_div256 as _e4m3_to_f16_div256  # noqa: F401
 from glm5_shim.kernels.sparse_mla_reference import fp8_ds_mla_rope_dtype  # noqa: F401  (part of this API)
 from glm5_shim.kernels.sparse_mla_plan import (CPU_DEFAULT_CAPABILITY, CPU_DEFAULT_NUM_SMS, D_LATENT, D_QK, D_ROPE,
                                               D_V, FP8_ROW_BYTES, KV_FORMATS, NO_FP8_DECODE, FwdTile, _compute_name,

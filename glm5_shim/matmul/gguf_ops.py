@@ -11,7 +11,7 @@ import threading
 
 import torch
 
-from glm5_shim.gguf.kernel_coverage import shim_kernel_covers
+from glm5_shim.gguf.kernel_coverage import shim_kernel_covers, vllm_vector_kernel_rows
 
 _ACT_DTYPES = (torch.float16, torch.bfloat16)
 _lock = threading.Lock()
@@ -19,13 +19,29 @@ _registered = False
 
 
 def _linear_op(x: torch.Tensor, qweight: torch.Tensor, qweight_type: int, n: int) -> torch.Tensor:
-    from glm5_shim.kernels.gguf_matmul import gguf_linear
+    from glm5_shim.kernels.gguf_matmul import gguf_linear, row_bytes
 
+    if x.shape[0] <= vllm_vector_kernel_rows(n) and _vllm_vector_kernel_trusted(x):
+        # inside the op: the row count is dynamic to torch.compile, a branch on it outside would specialise
+        from vllm.model_executor.layers.quantization.gguf import _fused_mul_mat_gguf
+
+        width = row_bytes(qweight_type, x.shape[-1])
+        if qweight.shape[1] != width or not qweight.is_contiguous():
+            qweight = qweight[:n, :width].contiguous()  # a padded shard view: vLLM's kernels need exact rows
+        return _fused_mul_mat_gguf(x, qweight, qweight_type)
     return gguf_linear(x, qweight, qweight_type, n)
 
 
 def _linear_fake(x: torch.Tensor, qweight: torch.Tensor, qweight_type: int, n: int) -> torch.Tensor:
     return torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
+
+
+def _vllm_vector_kernel_trusted(x: torch.Tensor) -> bool:
+    """vLLM's ggml kernels gave garbage with bf16 activations on compute capability >= 10 (vLLM gates bf16 GGUF
+    there): never hand them bf16 on such a GPU."""
+    from glm5_shim.kernels.device import cuda_capability_and_sms
+
+    return x.dtype == torch.float16 or cuda_capability_and_sms(x.device.index or 0)[0][0] < 10
 
 
 def _moe_op(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,

@@ -48,6 +48,17 @@ def _apply(module, patch: Patch) -> None:
     patch.replace(module, "fused_moe_gguf", gguf_ops.make_fused_moe(module.fused_moe_gguf))
     linear = module.GGUFLinearMethod
     patch.replace(linear, "apply", gguf_ops.make_linear_apply(linear.apply))
+    import gguf
+    from vllm.logger import init_logger
+
+    from glm5_shim.gguf.kernel_coverage import SHIM_KERNEL_TYPES
+
+    names = "/".join(gguf.GGMLQuantizationType(t).name for t in SHIM_KERNEL_TYPES)
+    init_logger("vllm.glm5_shim.gguf").info(
+        "glm5-shim: GGUF matmuls of %s weights run on the shim's Triton kernels (dense linears at 1-6 rows on "
+        "vLLM's vector kernel in fp16 or below compute capability 10; other types on vLLM's ggml kernels; "
+        "GLM5_SHIM_GGUF_KERNELS=vllm for all on vLLM's)",
+        names)
 
 
 PATCHES = [

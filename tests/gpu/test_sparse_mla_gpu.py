@@ -199,8 +199,7 @@ def test_ptx_decodes_match_the_portable_ones_on_all_bytes():
     import triton.language as tl
 
     from glm5_shim.kernels.fp8 import (e4m3_bytes_to_bf16_scaled, e4m3_bytes_to_bf16_scaled_ptx,
-                                       e4m3_bytes_to_f16_div256_ptx)
-    from glm5_shim.kernels.sparse_mla import _e4m3_to_f16_div256
+                                       e4m3_bytes_to_f16_div256, e4m3_bytes_to_f16_div256_ptx)
 
     @triton.jit
     def both(src, a, b, c, d, BLOCK: tl.constexpr):
@@ -208,7 +207,7 @@ def test_ptx_decodes_match_the_portable_ones_on_all_bytes():
         x = tl.load(src + offs)
         tl.store(a + offs, e4m3_bytes_to_bf16_scaled(x))
         tl.store(b + offs, e4m3_bytes_to_bf16_scaled_ptx(x))
-        tl.store(c + offs, _e4m3_to_f16_div256(x))
+        tl.store(c + offs, e4m3_bytes_to_f16_div256(x))
         tl.store(d + offs, e4m3_bytes_to_f16_div256_ptx(x))
 
     # every byte, in a few orders (which lane gets which byte of a packed register must not matter)
@@ -241,7 +240,9 @@ def test_batch_sizes_do_not_multiply_compiled_variants():
     # decode batches of every size pick split counts 1..32; they must not each compile a new variant mid-serving
     sm, _ = _mods()
     dev = torch.cuda.current_device()
-    cap, sms = sm._device_info(dev)
+    from glm5_shim.kernels.device import cuda_capability_and_sms
+
+    cap, sms = cuda_capability_and_sms(dev)
     fwd, comb = sm._sparse_mla_fwd_kernel, sm._sparse_mla_combine_kernel
     before = len(fwd.device_caches[dev][0]), len(comb.device_caches[dev][0])
     classes, splits = set(), set()

@@ -1,0 +1,137 @@
+"""gguf-kernels wiring: vLLM's own GGUF linear and MoE methods, patched, reach the shim's kernels (run here in the
+Triton interpreter on CPU tensors) and give the float64 answer; what the shim does not cover reaches vLLM's ops."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from glm5_shim.kernels import gguf_matmul as gm
+from glm5_shim.kernels import gguf_matmul_reference as ref
+from tests.helpers import shim_in_this_process
+
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
+_TARGET = "vllm.model_executor.layers.quantization.gguf"
+
+
+@pytest.fixture
+def patched(monkeypatch):
+    """The shim active, its drop-ins told that CPU tensors are fine (the interpreter runs the kernels here)."""
+    from glm5_shim.matmul import gguf_ops
+
+    monkeypatch.setattr(gguf_ops, "_acts_ok", lambda x: x.dtype in (torch.float16, torch.float32))
+    with shim_in_this_process(_TARGET) as registry:
+        patch = registry.get("gguf-kernels")
+        assert patch.state == "applied", patch.as_dict()
+        import importlib
+
+        yield importlib.import_module(_TARGET)
+
+
+def _merged_layer(shards: list[tuple[torch.Tensor, int]], method):
+    """A GGUF merged linear as vLLM's weight loader and process_weights_after_loading leave it."""
+    from vllm.model_executor.utils import set_weight_attrs
+
+    layer = torch.nn.Module()
+    qweight = torch.nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
+    set_weight_attrs(qweight, {"shard_id": list(range(len(shards))),
+                               "shard_id_map": {i: i for i in range(len(shards))},
+                               "data_container": [w for w, _ in shards]})
+    layer.register_parameter("qweight", qweight)
+    qweight_type = torch.nn.Parameter(torch.empty(0), requires_grad=False)
+    set_weight_attrs(qweight_type, {"weight_type": shards[0][1],
+                                    "shard_weight_type": {i: t for i, (_, t) in enumerate(shards)}})
+    layer.register_parameter("qweight_type", qweight_type)
+    method.process_weights_after_loading(layer)
+    return layer
+
+
+def test_the_patch_checks_vllm_and_steps_aside_when_asked(monkeypatch):
+    import importlib
+
+    from glm5_shim.patches import gguf_kernels
+    from glm5_shim.registry import TargetMismatch
+
+    module = importlib.import_module(_TARGET)
+    gguf_kernels._check(module)  # the premises hold in the installed vLLM 0.23
+    monkeypatch.setenv("GLM5_SHIM_GGUF_KERNELS", "vllm")
+    with pytest.raises(TargetMismatch, match="GLM5_SHIM_GGUF_KERNELS=vllm"):
+        gguf_kernels._check(module)
+
+
+def test_a_merged_linear_of_two_types_runs_on_the_shim_kernels(patched, monkeypatch):
+    """q_a (Q4_K) + kv_a (Q6_K) as vLLM pads them: vLLM's apply, patched, gives [x q_a^T | x kv_a^T]."""
+    method = patched.GGUFLinearMethod(patched.GGUFConfig())
+    g = torch.Generator().manual_seed(1)
+    a = ref.random_blocks(gm.Q4_K, 48, 512, g)
+    b = ref.random_blocks(gm.Q6_K, 40, 512, g)
+    layer = _merged_layer([(a, gm.Q4_K), (b, gm.Q6_K)], method)
+    calls = []
+    original = gm.gguf_linear
+    monkeypatch.setattr(gm, "gguf_linear", lambda *args, **kw: calls.append(args[2]) or original(*args, **kw))
+    x = torch.randn(9, 512, generator=g)  # above vLLM's vector-kernel rows: the shim's kernel
+    got = method.apply(layer, x)
+    want = torch.cat([ref.linear_reference(x, a, gm.Q4_K), ref.linear_reference(x, b, gm.Q6_K)], dim=1)
+    assert calls == [gm.Q4_K, gm.Q6_K]
+    assert got.shape == (9, 88) and ((got.double() - want).norm() / want.norm()).item() < 1e-5
+
+
+def test_one_type_shards_run_as_one_launch(patched, monkeypatch):
+    method = patched.GGUFLinearMethod(patched.GGUFConfig())
+    g = torch.Generator().manual_seed(2)
+    gate, up = ref.random_blocks(gm.Q8_0, 32, 256, g), ref.random_blocks(gm.Q8_0, 32, 256, g)
+    layer = _merged_layer([(gate, gm.Q8_0), (up, gm.Q8_0)], method)
+    calls = []
+    original = gm.gguf_linear
+    monkeypatch.setattr(gm, "gguf_linear", lambda *args, **kw: calls.append(args[1].shape[0]) or original(*args, **kw))
+    x = torch.randn(7, 256, generator=g)
+    got = method.apply(layer, x)
+    want = torch.cat([ref.linear_reference(x, gate, gm.Q8_0), ref.linear_reference(x, up, gm.Q8_0)], dim=1)
+    assert calls == [64] and ((got.double() - want).norm() / want.norm()).item() < 1e-5
+
+
+def test_few_rows_and_uncovered_types_reach_vllms_kernels(patched, monkeypatch):
+    """1-6 rows (in fp16) go to vLLM's vector kernel, with exact rows cut from a padded shard; an IQ type and a
+    K that is not whole super-blocks go to vLLM's op untouched."""
+    seen = []
+    monkeypatch.setattr(patched, "_fused_mul_mat_gguf",
+                        lambda x, w, t: seen.append((x.shape[0], tuple(w.shape), t)) or torch.zeros(x.shape[0],
+                                                                                                    w.shape[0]))
+    from glm5_shim.matmul import gguf_ops
+
+    monkeypatch.setattr(gguf_ops, "_vllm_vector_kernel_trusted", lambda x: x.dtype == torch.float16)
+    g = torch.Generator().manual_seed(3)
+    padded = torch.zeros(8, 300, dtype=torch.uint8)
+    padded[:, :288] = ref.random_blocks(gm.Q4_K, 8, 512, g)
+    gguf_ops._linear_op(torch.randn(2, 512).half(), padded, gm.Q4_K, 8)
+    assert seen == [(2, (8, 288), gm.Q4_K)]
+    fallback = []
+    drop_in = gguf_ops.make_fused_mul_mat(lambda x, w, t: fallback.append(t) or "vllm")
+    assert drop_in(torch.randn(9, 512), torch.zeros(4, 130, dtype=torch.uint8), 16) == "vllm"  # IQ2_XXS
+    assert drop_in(torch.randn(9, 320), torch.zeros(4, 340, dtype=torch.uint8), gm.Q8_0) == "vllm"
+    assert fallback == [16, gm.Q8_0]
+
+
+def test_vllms_moe_method_runs_on_the_shim_kernels(patched):
+    """fused_moe_gguf as GGUFMoEMethod.apply calls it (the patched module global), against float64."""
+    g = torch.Generator().manual_seed(4)
+    e, h, inter, t, top_k = 4, 256, 256, 3, 2
+    w13 = torch.stack([ref.random_blocks(gm.Q4_K, 2 * inter, h, g) for _ in range(e)])
+    w2 = torch.stack([ref.random_blocks(gm.Q6_K, h, inter, g) for _ in range(e)])
+    x = torch.randn(t, h, generator=g)
+    ids = torch.tensor([[0, 2], [1, 3], [2, 0]], dtype=torch.int32)
+    wts = torch.rand(t, top_k, generator=g)
+    from glm5_shim.matmul import gguf_ops
+
+    gguf_ops.register_ops()
+    from glm5_shim.kernels.gguf_matmul import gguf_moe
+
+    # the op itself uses vLLM's CUDA moe_align_block_size; on the CPU the drop-in's op is replaced by the kernel
+    # entry point with the shim's torch alignment, which is what the op does apart from that choice
+    original_op = torch.ops.vllm.glm5_gguf_moe
+    try:
+        torch.ops.vllm.glm5_gguf_moe = lambda *a: gguf_moe(*a)
+        got = patched.fused_moe_gguf(x, w13, w2, wts, ids, gm.Q4_K, gm.Q6_K, "silu")
+    finally:
+        torch.ops.vllm.glm5_gguf_moe = original_op
+    want = ref.moe_reference(x, w13, w2, wts, ids, gm.Q4_K, gm.Q6_K)
+    assert ((got.double() - want).norm() / want.norm()).item() < 1e-5
