@@ -5,14 +5,12 @@ Compilation runs in a subprocess with TRITON_INTERPRET removed: other CPU tests 
 the interpreter replaces the JIT's compile path.
 """
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
 from glm5_shim.kernels.limits import SMEM_LIMIT
+from tests.kernels.compile_driver import compile_records
 
 TARGETS = [120, 121, 89, 86, 80, 90]  # the shim's targets, plus sm_90: the H200 that runs the GPU tests/bench
 
@@ -44,13 +42,7 @@ _SCRIPT = textwrap.dedent(
 
 
 def _compile_all(cc, repo_root):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(repo_root) + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT, str(cc)], cwd=repo_root, env=env, capture_output=True,
-                          text=True, timeout=600)
-    recs = [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and recs, f"compile driver failed:\n{proc.stderr[-3000:]}"
-    return recs
+    return compile_records(_SCRIPT, cc, repo_root, timeout=600)
 
 
 @pytest.mark.parametrize("cc", TARGETS)
