@@ -9,7 +9,6 @@ from glm5_shim.kernels import gguf_matmul as gm
 from glm5_shim.kernels import gguf_matmul_reference as ref
 from tests.helpers import shim_in_this_process
 
-pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
 _TARGET = "vllm.model_executor.layers.quantization.gguf"
 
 

@@ -10,7 +10,6 @@ import torch
 from glm5_shim.kernels import gguf_matmul as gm
 from glm5_shim.kernels import gguf_matmul_reference as ref
 
-pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
 
 TYPES = {"Q4_K": gm.Q4_K, "Q6_K": gm.Q6_K, "Q5_K": gm.Q5_K, "Q8_0": gm.Q8_0}
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3}

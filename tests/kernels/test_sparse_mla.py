@@ -22,8 +22,6 @@ from glm5_shim.kernels.fp8 import e4m3_bytes_to_f32_torch
 from glm5_shim.kernels.sparse_mla_reference import (dequant_fp8_ds_mla, fp8_ds_mla_rope_dtype,
                                                     quantize_fp8_ds_mla, sparse_mla_reference)
 
-# the interpreter converts 0-d arrays to ints in loops; numpy >= 1.25 warns about it thousands of times
-pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
 
 # bf16: out stored in bf16
 TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 1e-4), torch.bfloat16: (8e-3, 2e-3)}
