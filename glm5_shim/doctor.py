@@ -77,14 +77,14 @@ def _patch_status() -> tuple[str, list[dict]]:
     return state, rows
 
 
-def _plan_for(capability: tuple[int, int], gguf: bool = True) -> dict:
+def _plan_for(capability: tuple[int, int], gguf: bool = True, shim_runs_every_matmul: bool = False) -> dict:
     import torch
 
     from glm5_shim.attention.selection import deepgemm_can_run, native_sparse_mla
 
     from glm5_shim.patches.dtype_gate import gguf_dtype_for_auto
 
-    dtype = getattr(torch, gguf_dtype_for_auto(capability)) if gguf else torch.bfloat16
+    dtype = getattr(torch, gguf_dtype_for_auto(capability, shim_runs_every_matmul)) if gguf else torch.bfloat16
     choice = native_sparse_mla(capability, dtype)
     attention = {"dtype": str(dtype).replace("torch.", ""), "native": choice.name, "rejected": choice.rejected}
     if settings.attention_choice() == "triton":
@@ -121,9 +121,14 @@ def collect(model: str | None = None) -> dict:
     report["gpus"] = found
     report["gpu_note"] = why
     caps = sorted({tuple(g["capability"]) for g in found}) or []
-    report["plan"] = [_plan_for(c) for c in caps] if caps else []
+    covered = False
+    if model:  # the file decides the dtype on capability >= 10 (dtype_gate.gguf_dtype_for_auto)
+        from glm5_shim.gguf.report import every_matmul_on_shim_kernels
+
+        covered = every_matmul_on_shim_kernels(model)
+    report["plan"] = [_plan_for(c, shim_runs_every_matmul=covered) for c in caps] if caps else []
     if not caps:
-        report["plan_if"] = [_plan_for(c) for c in TARGET_CAPABILITIES]
+        report["plan_if"] = [_plan_for(c, shim_runs_every_matmul=covered) for c in TARGET_CAPABILITIES]
     if model:
         # the longest-context table for the smallest GPU here, or for a 96 GB RTX PRO 6000 without one
         smallest = min((g["memory_bytes"] for g in found if g.get("memory_bytes")), default=None)

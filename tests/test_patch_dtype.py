@@ -104,3 +104,42 @@ def test_doctor_shows_the_dtype_the_patch_picks(patched, capability, gguf_file, 
     resolved = _resolve(model_module, gguf_file, "auto")
     assert _plan_for(cap)["attention"]["dtype"] == str(resolved).replace("torch.", "")
     assert resolved == (torch.float16 if cap[0] >= 10 else torch.bfloat16)
+
+
+@pytest.fixture(scope="module")
+def tiny_files(tmp_path_factory) -> dict[str, str]:
+    """make-tiny files: Q4_K (every quantized matmul on the shim's kernels) and Q4_0 (a type they do not cover)."""
+    from glm5_shim.gguf.fixture import make_tiny
+
+    out = tmp_path_factory.mktemp("tiny")
+    return {q: str(make_tiny(out / f"{q}.gguf", quant=q, write_reference=False)[0]) for q in ("Q4_K", "Q4_0")}
+
+
+def test_blackwell_keeps_bf16_when_the_shim_kernels_run_every_matmul(patched, capability, tiny_files, monkeypatch):
+    """A file whose quantized matmuls all run on the shim's kernels: auto stays bfloat16, explicit bf16 is accepted
+    and the gate admits it; a file with a type the kernels do not cover, or the kernels switched off: float16."""
+    from glm5_shim.doctor import _plan_for
+    from glm5_shim.gguf.report import every_matmul_on_shim_kernels
+    from glm5_shim.patches import dtype_gate
+
+    model_module, gguf_module = patched
+    monkeypatch.delenv("GLM5_SHIM_GGUF_BF16", raising=False)
+    monkeypatch.setattr(dtype_gate, "_BF16_BY_SHIM_KERNELS", set())
+    capability(12, 0)
+    covered, uncovered = tiny_files["Q4_K"], tiny_files["Q4_0"]
+    assert every_matmul_on_shim_kernels(covered) and not every_matmul_on_shim_kernels(uncovered)
+    assert _resolve(model_module, uncovered, "auto") == torch.float16
+    assert torch.bfloat16 not in gguf_module.GGUFConfig().get_supported_act_dtypes()
+    assert _resolve(model_module, covered, "auto") == torch.bfloat16
+    assert _resolve(model_module, covered, "bfloat16") == torch.bfloat16
+    assert torch.bfloat16 in gguf_module.GGUFConfig().get_supported_act_dtypes()
+    assert _plan_for((12, 0), shim_runs_every_matmul=True)["attention"]["dtype"] == "bfloat16"
+    with pytest.raises(ValueError, match="GLM5_SHIM_GGUF_BF16=1"):
+        _resolve(model_module, uncovered, "bfloat16")
+    every_matmul_on_shim_kernels.cache_clear()
+    monkeypatch.setenv("GLM5_SHIM_GGUF_KERNELS", "vllm")
+    try:
+        assert not every_matmul_on_shim_kernels(covered)
+        assert _resolve(model_module, covered, "auto") == torch.float16
+    finally:
+        every_matmul_on_shim_kernels.cache_clear()

@@ -22,6 +22,7 @@ The longest --max-model-len per GPU for each TP size and KV dtype: glm5_shim.ggu
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from collections import Counter
@@ -83,6 +84,21 @@ def matmul_paths(plan: LoadPlan, shim_kernels: bool = True) -> dict[str, dict[st
         if path != "float":
             out[path][name] += 1
     return {path: dict(sorted(c.items())) for path, c in out.items()}
+
+
+@functools.lru_cache(maxsize=8)
+def every_matmul_on_shim_kernels(path: str) -> bool:
+    """True when every quantized weight of the GGUF at ``path`` that reaches a GGUF matmul runs on the shim's
+    kernels (header-only; False for a file the loader would refuse or that cannot be read)."""
+    if settings.gguf_kernels_choice() != "shim":
+        return False
+    try:
+        model = open_gguf(path)
+        config = build_hf_config(model, check_shapes=False)
+        plan = plan_tensors(model, config)
+    except (GGUFError, OSError, ValueError, KeyError):
+        return False
+    return not plan.refused and not matmul_paths(plan)["vllm"]
 
 
 def format_matmul_paths(paths: dict[str, dict[str, int]]) -> str:

@@ -9,6 +9,10 @@ Two patches:
   becomes float16 (one info line); an explicit ``--dtype bfloat16`` is refused there with a one-line error that
   names the way out, unless GLM5_SHIM_GGUF_BF16=1.
 * ``dtype-gate`` wraps ``GGUFConfig.get_supported_act_dtypes`` so that GLM5_SHIM_GGUF_BF16=1 lets bf16 through.
+
+Where the shim's own GGUF kernels run every quantized matmul of the file (``gguf-kernels``; inspect lists them),
+vLLM's defect does not apply: ``--dtype auto`` keeps GLM-5's bfloat16 (fp16 can overflow on real activations), an
+explicit bf16 is accepted, and the gate admits bf16 for that file in this process.
 """
 from __future__ import annotations
 
@@ -24,9 +28,23 @@ def gguf_bf16_refused_at(capability: tuple[int, int]) -> bool:
     return capability[0] * 10 + capability[1] >= _GATE_CAPABILITY
 
 
-def gguf_dtype_for_auto(capability: tuple[int, int]) -> str:
-    """What --dtype auto gives a GGUF with the shim on this compute capability (doctor asks this, the patch does it)."""
-    return "float16" if gguf_bf16_refused_at(capability) and not settings.allow_gguf_bf16() else "bfloat16"
+def gguf_dtype_for_auto(capability: tuple[int, int], shim_runs_every_matmul: bool = False) -> str:
+    """What --dtype auto gives a GGUF with the shim on this compute capability (doctor asks this, the patch does it).
+    ``shim_runs_every_matmul``: the file's quantized matmuls all run on the shim's kernels."""
+    if gguf_bf16_refused_at(capability) and not settings.allow_gguf_bf16() and not shim_runs_every_matmul:
+        return "float16"
+    return "bfloat16"
+
+
+# GGUF files this process accepted in bf16 on capability >= 10 because the shim's kernels run all their matmuls;
+# the gate (checked later in the same process, by VllmConfig) admits bf16 for them.
+_BF16_BY_SHIM_KERNELS: set[str] = set()
+
+
+def shim_runs_every_matmul(model_id: str) -> bool:
+    from glm5_shim.gguf.report import every_matmul_on_shim_kernels
+
+    return every_matmul_on_shim_kernels(str(model_id))
 
 
 def gguf_bf16_refused_by_vllm() -> bool:
@@ -65,13 +83,23 @@ def _apply_model(model_module, patch: Patch) -> None:
         requested = dtype.lower() if isinstance(dtype, str) else dtype
         if not is_gguf(model_id) or not gguf_bf16_refused_by_vllm() or settings.allow_gguf_bf16():
             return original(model_id, config, dtype, *args, **kwargs)
+        covered = shim_runs_every_matmul(model_id)
         if requested == "auto":
             resolved = original(model_id, config, dtype, *args, **kwargs)
+            if resolved == torch.bfloat16 and covered:
+                _BF16_BY_SHIM_KERNELS.add(str(model_id))
+                logger.info("glm5-shim: GGUF on compute capability %s: --dtype auto keeps bfloat16 (the shim's "
+                            "kernels run every quantized matmul of this file)", _capability_str())
+                return resolved
             if resolved == torch.bfloat16:
-                logger.info("glm5-shim: GGUF on compute capability %s: --dtype auto resolves to float16 "
-                            "(vLLM 0.23 refuses bfloat16 GGUF there)", _capability_str())
+                logger.info("glm5-shim: GGUF on compute capability %s: --dtype auto resolves to float16 (some "
+                            "quantized matmuls of this file run on vLLM's GGUF kernels, which vLLM 0.23 refuses "
+                            "in bfloat16 there; python -m glm5_shim inspect lists them)", _capability_str())
                 return original(model_id, config, "float16", *args, **kwargs)
             return resolved
+        if requested in ("bfloat16", torch.bfloat16) and covered:
+            _BF16_BY_SHIM_KERNELS.add(str(model_id))
+            return original(model_id, config, dtype, *args, **kwargs)
         if requested in ("bfloat16", torch.bfloat16):
             raise ValueError(
                 f"--dtype bfloat16 with a GGUF model ({model_id}) on compute capability {_capability_str()}: "
@@ -97,7 +125,7 @@ def _apply_gate(gguf_module, patch: Patch) -> None:
 
     def get_supported_act_dtypes(self):
         supported = list(original(self))
-        if settings.allow_gguf_bf16() and torch.bfloat16 not in supported:
+        if (settings.allow_gguf_bf16() or _BF16_BY_SHIM_KERNELS) and torch.bfloat16 not in supported:
             supported.insert(1, torch.bfloat16)
         return supported
 
@@ -109,7 +137,8 @@ PATCHES = [
         name="dtype-auto",
         target="vllm.config.model",
         replaces=("vllm.config.model:_get_and_verify_dtype",),
-        summary="--dtype auto picks float16 for GGUF on compute capability >= 10; explicit bf16 needs "
+        summary="--dtype auto picks float16 for GGUF on compute capability >= 10 unless the shim's kernels run "
+                "every quantized matmul of the file (then bfloat16); explicit bf16 otherwise needs "
                 "GLM5_SHIM_GGUF_BF16=1",
         check=_check_model,
         apply=_apply_model,
