@@ -32,11 +32,11 @@ from vllm.v1.attention.backend import (
 )
 from vllm.v1.kv_cache_interface import AttentionSpec
 
+from glm5_shim.attention.selection import GLM5_HEAD_SIZE as HEAD_SIZE
 from glm5_shim.attention.selection import SHIM_BACKEND_NAME as BACKEND_NAME
 from glm5_shim.kernels.index_convert import convert_to_global_slots
 from glm5_shim.kernels.sparse_mla import sparse_mla_attention
 FP8_DS_MLA_BYTES = 656  # 512 e4m3 + 4 fp32 scales + 64 rope values in the model's 16-bit dtype
-HEAD_SIZE = 576
 MIN_CAPABILITY = (8, 0)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-GLM5_HEAD_SIZE = 576
+GLM5_HEAD_SIZE = 576  # MLA: kv_lora 512 + rope 64, the one home of the number (the backend imports it)
 # The shim's sparse-MLA backend, in the registry slot vLLM reserves for out-of-tree backends.  Kept here (a module
 # that imports nothing at load) because the registry patch runs while vLLM's platform module is half-imported.
 SHIM_BACKEND_NAME = "CUSTOM"
