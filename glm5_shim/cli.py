@@ -1,4 +1,4 @@
-"""Command line: ``python -m glm5_shim doctor | inspect | make-tiny``."""
+"""Command line: ``python -m glm5_shim doctor | inspect | make-tiny | make-slice``."""
 from __future__ import annotations
 
 import argparse
@@ -15,11 +15,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     from glm5_shim.gguf.fixture import add_make_tiny_arguments
     from glm5_shim.gguf.report import add_inspect_arguments
+    from glm5_shim.gguf.slice import add_make_slice_arguments
 
     add_inspect_arguments(sub.add_parser(
         "inspect", help="architecture, config, quant types, validator findings, memory per GPU of a GGUF"))
     add_make_tiny_arguments(sub.add_parser(
         "make-tiny", help="write a small random GLM-5 GGUF (llama.cpp glm-dsa layout) plus its reference weights"))
+    add_make_slice_arguments(sub.add_parser(
+        "make-slice", help="write a random GLM-5 slice at the real sizes (N layers, a preset's types, one TP rank)"))
     return parser
 
 
@@ -43,7 +46,11 @@ def _run(args) -> int:
         from glm5_shim.gguf.report import run_inspect
 
         return run_inspect(args)
-    assert args.command == "make-tiny", args.command  # argparse accepts only the three commands
+    if args.command == "make-slice":
+        from glm5_shim.gguf.slice import run_make_slice
+
+        return run_make_slice(args)
+    assert args.command == "make-tiny", args.command  # argparse accepts only these commands
     from glm5_shim.gguf.fixture import run_make_tiny
 
     return run_make_tiny(args)

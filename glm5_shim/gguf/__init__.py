@@ -14,6 +14,8 @@ and torch are imported inside the functions that need them).
   validate    validate(path) → [Finding], check(path)
   tokenizer   build_hf_tokenizer(path), save_tokenizer_dir(path, out_dir)
   fixture     make_tiny(out_path, ...) → tiny random glm-dsa GGUF + reference weights (a package: one module a job)
+  slice       make_slice(out_path, layers, dense_layers, preset, ...) → a random GLM-5 slice at the real sizes
+              (streamed; one tensor-parallel rank with rank_of)
   report      inspect_report(path), format_report(report)  (python -m glm5_shim inspect)
   memory      longest_context(config, weight_bytes, kv_dtype) → the longest --max-model-len that fits a GPU
 """

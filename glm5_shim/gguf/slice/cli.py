@@ -1,0 +1,40 @@
+"""The make-slice command line: `python -m glm5_shim make-slice OUT.gguf --layers N --dense-layers D --preset P`."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..fixture.tensor_types import PRESETS
+from .plan import ORDERS
+from .writer import make_slice
+
+
+def add_make_slice_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("out", metavar="OUT.gguf", help="output file")
+    parser.add_argument("--layers", type=int, required=True, help="decoder layers, without the MTP layer (GLM-5: 78)")
+    parser.add_argument("--dense-layers", type=int, required=True,
+                        help="how many of them (the first) are dense; the rest are MoE (GLM-5: 3)")
+    parser.add_argument("--preset", required=True, choices=PRESETS,
+                        help="per-tensor types: a llama-quantize preset (the types it gives this slice's converted "
+                             "file) or UD-IQ2_M-like (an Unsloth-style 2-bit mix; README)")
+    parser.add_argument("--mtp", action="store_true", help="add the MTP (nextn) block blk.{layers}")
+    parser.add_argument("--rank-of", type=int, default=1, metavar="N",
+                        help="the model one rank computes at tensor-parallel size N in vLLM 0.23, as a stand-alone "
+                             "file (heads, FFN widths and vocabulary divided by N; the rest whole)")
+    parser.add_argument("--order", choices=ORDERS, default="auto",
+                        help="tensor order: auto (llama-quantize's, which writes preset files), converter, quantize")
+    parser.add_argument("--seed", type=int, default=0, help="random seed of the blocks")
+    parser.add_argument("--quiet", action="store_true", help="no line per tensor")
+    return parser
+
+
+def run_make_slice(args: argparse.Namespace) -> int:
+    progress = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    try:
+        result = make_slice(args.out, args.layers, args.dense_layers, args.preset, mtp=args.mtp,
+                            rank_of=args.rank_of, order=args.order, seed=args.seed, progress=progress)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(result.summary())
+    return 0
