@@ -3,8 +3,10 @@
 Run as a script (the shim activated through PYTHONPATH, as launch.sh does):
     python tests/vllm_cpu_harness.py OUT_DIR MODEL.gguf [MODEL.gguf ...]
     python tests/vllm_cpu_harness.py configs '[{"model": ...EngineArgs kwargs...}, ...]'  (config + tokenizer)
+    python tests/vllm_cpu_harness.py mtp OUT_DIR MODEL.gguf [...]  (the target, then vLLM's MTP draft of it)
 For each model it writes OUT_DIR/<i>.npz (every parameter as loaded: float arrays, or raw uint8 GGUF blocks
-with their GGML type) and prints one JSON line of results.
+with their GGML type) and prints one JSON line of results; in mtp mode the draft's parameters go to
+OUT_DIR/<i>-draft.npz, and the JSON line also says what vLLM's proposer then shares with the target.
 
 Test scaffolding only, and it says so: vLLM has no MLA on CPU, so the attention backend is pinned to the shim's
 (constructed here, never run) and MLA's unused dense-prefill backend (FlashAttention, a CUDA library) is stubbed.
@@ -36,12 +38,17 @@ def _install_cpu_scaffolding() -> None:
     mla.get_mla_prefill_backend = lambda vllm_config: _UnusedPrefill
 
 
-def _dump(model, path: str) -> dict:
+def _dump(model, path: str, uninitialised: list | None = None) -> dict:
+    """Every parameter into `path`; parameters still uninitialised are listed in `uninitialised` when given (the
+    MTP draft's shared head, which vLLM's proposer replaces with the target's lm_head), an error otherwise."""
     import torch
 
     arrays, types = {}, {}
     for name, param in model.named_parameters():
         if name.endswith("qweight_type"):
+            continue
+        if uninitialised is not None and isinstance(param, torch.nn.parameter.UninitializedParameter):
+            uninitialised.append(name)
             continue
         t = param.detach()
         if t.dtype in (torch.bfloat16, torch.float16):
@@ -130,10 +137,82 @@ def _indexer_layout(model, cfg) -> dict:
             "index_topk_pattern": getattr(cfg.model_config.hf_config, "index_topk_pattern", None)}
 
 
+def _load_target_and_draft(model_path: str, out_dir: str, i: int, init) -> dict:
+    """What vLLM's MTP proposer does at start-up, on the CPU: build the engine config with --speculative-config
+    method "mtp", load the target, load the draft as SpecDecodeBaseProposer._get_model does (its draft VllmConfig,
+    the draft's model and load config), then give it the target's embedding and lm_head with the proposer's own
+    _maybe_share_embeddings / _maybe_share_lm_head."""
+    import types
+
+    from vllm.config import set_current_vllm_config
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.model_loader import get_model, get_model_loader
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+
+    result = {"model": model_path}
+    cfg = EngineArgs(model=model_path, enforce_eager=True, max_model_len=512, dtype="float32",
+                     speculative_config={"method": "mtp", "num_speculative_tokens": 1}).create_engine_config()
+    spec = cfg.speculative_config
+    draft_config = spec.draft_model_config
+    result["draft_config"] = {"model_type": draft_config.hf_config.model_type,
+                              "architectures": draft_config.hf_config.architectures,
+                              "n_predict": getattr(draft_config.hf_config, "n_predict", None),
+                              "num_nextn_predict_layers": draft_config.hf_config.num_nextn_predict_layers,
+                              "num_hidden_layers": draft_config.hf_config.num_hidden_layers,
+                              "method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens,
+                              "quantization": draft_config.quantization, "model": draft_config.model}
+    with set_current_vllm_config(cfg):
+        init()
+        target = get_model_loader(cfg.load_config).load_model(vllm_config=cfg, model_config=cfg.model_config)
+    proposer = types.SimpleNamespace(speculative_config=spec, vllm_config=cfg, use_local_argmax_reduction=False)
+    draft_cfg = SpecDecodeBaseProposer._create_draft_vllm_config(proposer)
+    result["quant_config_shared"] = draft_cfg.quant_config is cfg.quant_config
+    with set_current_vllm_config(draft_cfg):
+        draft = get_model(vllm_config=draft_cfg, model_config=draft_config, load_config=spec.draft_load_config)
+    result["draft_class"] = type(draft).__name__
+    result["uninitialised"] = []
+    result["types"] = _dump(draft, f"{out_dir}/{i}-draft.npz", result["uninitialised"])
+    proposer.model = draft
+    SpecDecodeBaseProposer._maybe_share_embeddings(proposer, target)
+    SpecDecodeBaseProposer._maybe_share_lm_head(proposer, target)
+    head = next(iter(draft.model.layers.values())).shared_head.head
+    result["shares"] = {"embed_tokens": draft.model.embed_tokens is target.model.embed_tokens,
+                        "shared_head.head": head is target.lm_head}
+    return result
+
+
+def mtp(out_dir: str, models: list[str]) -> None:
+    import tempfile as _tempfile
+
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+
+    state = {"initialized": False}
+
+    def init():
+        if not state["initialized"]:
+            init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                         distributed_init_method=f"file://{_tempfile.mktemp()}")
+            initialize_model_parallel(1, 1)
+            state["initialized"] = True
+
+    for i, model_path in enumerate(models):
+        try:
+            result = _load_target_and_draft(model_path, out_dir, i, init)
+            result["ok"] = True
+        except Exception as exc:
+            result = {"model": model_path, "ok": False, "error": f"{type(exc).__name__}: {exc}",
+                      "frames": [f.name for f in traceback.extract_tb(exc.__traceback__)]}
+        print(json.dumps(result), flush=True)
+
+
 def main(argv: list[str]) -> int:
     if argv[0] == "configs":
         _install_cpu_scaffolding()
         configs(json.loads(argv[1]))
+        return 0
+    if argv[0] == "mtp":
+        _install_cpu_scaffolding()
+        mtp(argv[1], argv[2:])
         return 0
     out_dir, models = argv[0], argv[1:]
     _install_cpu_scaffolding()
