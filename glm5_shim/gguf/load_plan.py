@@ -100,6 +100,9 @@ class LoadPlan:
         return [t for t in self.tensors if t.action == action]
 
 
+# The flag that serves a file's MTP layer as vLLM's MTP draft (K = 1 drafts one token a step; vLLM reruns the one
+# layer for larger K).
+MTP_FLAG = """--speculative-config '{"method": "mtp", "num_speculative_tokens": 1}'"""
 # What a user who asked for an MTP draft of a file without one can do instead.
 MTP_ALTERNATIVES = ("serve it without --speculative-config (or with '{\"method\": \"ngram\", ...}'), or serve a GGUF "
                     "converted with its MTP layer (llama.cpp's convert_hf_to_gguf.py without --no-mtp)")
@@ -170,8 +173,7 @@ def plan_tensors(model: GGUFModel, config: dict, *, draft: bool = False) -> Load
     mtp_count = sum(1 for t in skipped if t.spec is not None and t.spec.role == ROLE_MTP)
     if mtp_count:
         plan.notes.append(f"skipping {mtp_count} tensors of the multi-token-prediction block blk.{layer} in the "
-                          "target model (--speculative-config '{\"method\": \"mtp\", \"num_speculative_tokens\": 1}' "
-                          "loads them as vLLM's MTP draft)")
+                          f"target model ({MTP_FLAG} loads them as vLLM's MTP draft)")
     unused = sorted({t.spec.layer for t in skipped if t.spec is not None and t.spec.role == ROLE_SHARED_INDEXER})
     if unused:
         plan.notes.append(f"ignoring the indexer tensors of {len(unused)} shared-indexer layer(s) "

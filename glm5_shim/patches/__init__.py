@@ -8,6 +8,7 @@ import importlib
 PATCH_MODULES = (
     "speculators",
     "gguf_config",
+    "mtp_draft",
     "dtype_gate",
     "gguf_loader",
     "gguf_shard_order",
