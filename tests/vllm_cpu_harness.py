@@ -178,7 +178,37 @@ def _load_target_and_draft(model_path: str, out_dir: str, i: int, init) -> dict:
     head = next(iter(draft.model.layers.values())).shared_head.head
     result["shares"] = {"embed_tokens": draft.model.embed_tokens is target.model.embed_tokens,
                         "shared_head.head": head is target.lm_head}
+    import os
+
+    probe = os.environ.get("HARNESS_MTP_PROBE")
+    if probe:
+        _probe_mtp_layer(draft, probe, f"{out_dir}/{i}-probe.npz")
     return result
+
+
+def _probe_mtp_layer(draft, inputs: str, out: str) -> None:
+    """vLLM's own MTP layer on the CPU, around its decoder block: DeepSeekMultiTokenPredictorLayer.forward (position-0
+    masking, enorm / hnorm, eh_proj) and DeepSeekMTP.compute_logits (shared_head.norm, then the target's lm_head).
+    The block itself (MLA attention, the GGUF MoE) has no CPU path in vLLM 0.23, so it is replaced by the identity
+    here: inputs (npz: next_ids, hidden, positions) -> out (npz: eh_proj_out = the block's input, logits)."""
+    import numpy as np
+    import torch
+
+    data = np.load(inputs)
+    layer = next(iter(draft.model.layers.values()))
+    seen = {}
+
+    def identity_block(positions, hidden_states, residual):
+        seen["x"] = hidden_states.detach().clone()
+        return torch.zeros_like(hidden_states), hidden_states
+
+    layer.mtp_block.forward = identity_block
+    ids = torch.from_numpy(data["next_ids"])
+    positions = torch.from_numpy(data["positions"])
+    with torch.no_grad():
+        hidden = layer(ids, positions, torch.from_numpy(data["hidden"]), draft.model.embed_tokens(ids))
+        logits = draft.compute_logits(hidden)
+    np.savez(out, eh_proj_out=seen["x"].float().numpy(), logits=logits.float().numpy())
 
 
 def mtp(out_dir: str, models: list[str]) -> None:
