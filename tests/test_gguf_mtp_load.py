@@ -150,3 +150,49 @@ def test_vllms_mtp_layer_around_its_block_matches_the_reference(tmp_path):
     other[:2] = next_ids[2]
     _, moved = model.mtp(other, hidden)
     assert np.array_equal(moved[0], block_input[0]) and not np.allclose(moved[1], block_input[1])
+
+
+def test_in_float16_the_mtp_block_keeps_vllms_residual_scale(tmp_path):
+    """vLLM's own DeepseekV2DecoderLayer.forward (the MTP block), run on the CPU with its attention and MoE replaced
+    by fixed functions that follow vLLM's float16 conventions (tests/vllm_cpu_harness.py _fp16_block_scaling): built
+    with the layer index the mtp-fp16-residual patch gives it (0), its float16 output is the float32 one divided by
+    routed_scaling_factor, which the norms after it ignore; with the index vLLM gives it (num_hidden_layers) the
+    residual is never divided and the block computes another function."""
+    path = make_tiny(tmp_path / "tiny-f32.gguf", quant="F32", layers=2, write_reference=False)[0]
+    x = np.random.default_rng(0).standard_normal((12, 256)).astype(np.float32)
+    inputs = tmp_path / "probe-in.npz"
+    np.savez(inputs, next_ids=np.arange(20, 32), hidden=x, positions=np.arange(12))
+    result = load_mtp_in_cpu_harness(tmp_path / "out", [path], {"HARNESS_MTP_PROBE": str(inputs)})[0]
+    assert result["ok"], result
+    probe = np.load(tmp_path / "out" / "0-probe.npz")
+    assert int(probe["built_layer_idx"]) == 0
+
+    def normed(a):
+        return a / np.sqrt((a * a).mean(-1, keepdims=True))
+
+    reference = normed(probe["block_fp32"])
+    assert np.abs(normed(probe["block_fp16_built"]) - reference).max() < 1e-2  # float16 rounding
+    assert np.abs(normed(probe["block_fp16_idx_n"]) - reference).max() > 0.3  # vLLM's own index
+
+
+def test_a_tensor_parallel_size_that_would_cut_the_drafts_blocks_is_refused(tmp_path):
+    """The tp-split-check patch checks the draft's weights too: a file whose trunk splits at TP 2 but whose MTP
+    layer's down experts (one Q4_K block a row) do not is refused with --speculative-config, and served without."""
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO, child_env
+
+    path = make_tiny(tmp_path / "q8.gguf", quant="Q8_0", layers=2, write_reference=False,
+                     overrides={"blk.2.ffn_down_exps.weight": "Q4_K"})[0]
+    spec = {"method": "mtp", "num_speculative_tokens": 1}
+    cases = [{"model": str(path), "tensor_parallel_size": 2, "speculative_config": spec},
+             {"model": str(path), "tensor_parallel_size": 2}]
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "vllm_cpu_harness.py"), "configs", json.dumps(cases)],
+                          env=child_env(), capture_output=True, text=True, timeout=900, cwd=str(REPO))
+    with_draft, without = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert without["ok"], without
+    assert not with_draft["ok"]
+    line = next(line for line in with_draft["error"].splitlines() if "glm5-shim:" in line)
+    assert "tensor blk.2.ffn_down_exps.weight (Q4_K, 256 values a block) cannot be split" in line
+    assert line.endswith("(the MTP draft's layer; without --speculative-config the model does not load it)"), line

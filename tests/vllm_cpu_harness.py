@@ -208,7 +208,44 @@ def _probe_mtp_layer(draft, inputs: str, out: str) -> None:
     with torch.no_grad():
         hidden = layer(ids, positions, torch.from_numpy(data["hidden"]), draft.model.embed_tokens(ids))
         logits = draft.compute_logits(hidden)
-    np.savez(out, eh_proj_out=seen["x"].float().numpy(), logits=logits.float().numpy())
+    del layer.mtp_block.forward  # the block's own forward again
+    np.savez(out, eh_proj_out=seen["x"].float().numpy(), logits=logits.float().numpy(),
+             **_fp16_block_scaling(layer.mtp_block, seen["x"]))
+
+
+def _fp16_block_scaling(block, x) -> dict:
+    """vLLM's DeepseekV2DecoderLayer.forward (the MTP block's own code) in float32 and float16, its attention and MoE
+    replaced by fixed functions that follow vLLM's float16 conventions (the layer divides the attention output by
+    routed_scaling_factor itself; the MoE returns its output divided by it, as the fused-MoE runner does for a MoE
+    with a shared expert): the block's output (residual + hidden, as DeepSeekMultiTokenPredictorLayer takes it) with
+    the layer index it was built with (the shim's patch: 0) and with num_hidden_layers (vLLM's own)."""
+    import torch
+
+    rsf = block.routed_scaling_factor
+
+    class Attention(torch.nn.Module):
+        def forward(self, positions, hidden_states, llama_4_scaling=None):
+            return torch.tanh(hidden_states.float() @ weight).to(hidden_states.dtype)
+
+    class MoE(torch.nn.Module):
+        def forward(self, hidden_states):
+            out = torch.sin(hidden_states.float() @ weight.T)
+            return (out / rsf if hidden_states.dtype == torch.float16 else out).to(hidden_states.dtype)
+
+    weight = torch.randn(x.shape[-1], x.shape[-1], generator=torch.Generator().manual_seed(0)) / x.shape[-1] ** 0.5
+    built_with = block.layer_idx
+    block.self_attn, block.mlp = Attention(), MoE()
+    out = {"built_layer_idx": np.array(built_with)}
+    positions = torch.arange(x.shape[0])
+    for name, dtype, layer_idx in (("fp32", torch.float32, built_with), ("fp16_built", torch.float16, built_with),
+                                   ("fp16_idx_n", torch.float16, 99)):
+        block.layer_idx = layer_idx
+        block.to(dtype)
+        with torch.no_grad():
+            hidden, residual = block(positions, x.to(dtype), None)
+        out["block_" + name] = (residual + hidden).float().numpy()
+    block.layer_idx = built_with
+    return out
 
 
 def mtp(out_dir: str, models: list[str]) -> None:

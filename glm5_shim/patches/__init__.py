@@ -14,6 +14,7 @@ PATCH_MODULES = (
     "gguf_shard_order",
     "gguf_kernels",
     "shared_indexer",
+    "mtp_fp16",
     "tp_split_check",
     "attention_selector",
     "indexer",
