@@ -163,3 +163,13 @@ def test_the_draft_plan_ignores_what_the_targets_refuses(small):
     model = open_gguf(m.path)
     config = build_hf_config(model)
     assert plan_tensors(model, config).refused and not plan_tensors(model, config, draft=True).refused
+
+
+def test_pipeline_parallelism_is_refused_with_a_draft(small):
+    from glm5_shim.loading.mtp import mtp_problem
+
+    path = str(small("mtp-q8", quant="Q8_0").path)
+    assert mtp_problem("mtp", None, path) is None
+    line = mtp_problem("mtp", None, path, pipeline_parallel_size=2)
+    assert line.startswith(f"{path}: an MTP draft of a GGUF needs --pipeline-parallel-size 1, found 2"), line
+    assert mtp_problem("ngram", None, path, pipeline_parallel_size=2) is None
