@@ -258,9 +258,9 @@ def build_tensor_map(config: dict[str, Any], *, include_mtp: bool = True) -> Ten
             add("nextn.shared_head_norm.weight", "shared_head.norm.weight", (hidden,), float_only=True)
             # Optional in llama.cpp (absent: the block shares token_embd / output); vLLM's proposer uses the target's.
             add("nextn.embed_tokens.weight", "embed_tokens.weight", (vocab, hidden), ROLE_FROM_TARGET,
-                required=False, tp=TP_COLUMN)
+                required=False)
             add("nextn.shared_head_head.weight", "shared_head.head.weight", (vocab, hidden), ROLE_FROM_TARGET,
-                required=False, tp=TP_COLUMN)
+                required=False)
     return TensorMap(specs, config)
 
 
