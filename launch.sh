@@ -42,10 +42,17 @@ fi
 # (~0.5 s) only to convert Mistral tokenizers: kept out.
 # GLM5_SHIM=0 (the shim off, as glm5_shim.settings.shim_enabled reads it): stock vLLM, no check.
 shim_flag="${GLM5_SHIM:-}"; shim_flag="${shim_flag//[[:space:]]/}"; shim_flag="${shim_flag,,}"
+# --speculative-config asking for an MTP draft is checked too: a file without its MTP layer is one line here.
+speculative=(); prev=""
+for arg in "$@"; do
+  case "$prev" in --speculative-config|-sc) speculative=(--speculative-config "$arg") ;; esac
+  case "$arg" in --speculative-config=*|-sc=*) speculative=(--speculative-config "${arg#*=}") ;; esac
+  prev="$arg"
+done
 if [[ -f "$model" && ! "$shim_flag" =~ ^(0|false|no|off)$ ]]; then
   rc=0
   problem=$(python -c 'import sys; sys.modules["mistral_common"] = None
-from glm5_shim.preflight import main; sys.exit(main(sys.argv[1:]))' "$model" 2>&1) || rc=$?
+from glm5_shim.preflight import main; sys.exit(main(sys.argv[1:]))' "$model" "${speculative[@]}" 2>&1) || rc=$?
   if [[ $rc -eq 2 ]]; then
     echo "launch.sh: $problem" >&2
     exit 2

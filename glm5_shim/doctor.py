@@ -155,6 +155,7 @@ def _model_summary(path: str, gpu_bytes: int | None = None) -> dict:
         summary["kv_cache_bytes_per_token"] = report["kv_cache_bytes_per_token"]
         summary["longest_context"] = report["longest_context"]
         summary["matmul_paths"] = report.get("matmul_paths")
+        summary["mtp"] = report.get("mtp")
         if "tp_split" in report:
             summary["tp_split"] = report["tp_split"]
     return summary
@@ -219,6 +220,10 @@ def format_text(r: dict) -> str:
             from glm5_shim.gguf.report import format_matmul_paths
 
             lines.append("  " + format_matmul_paths(m["matmul_paths"]))
+        if m.get("mtp"):
+            from glm5_shim.gguf.report import format_mtp
+
+            lines.append("  " + format_mtp(m["mtp"]))
         split = m.get("tp_split", {})
         if "clean" in split:
             bad = [tp for tp in (1, 2, 4, 8) if tp not in split["clean"]]

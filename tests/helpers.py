@@ -96,6 +96,19 @@ def load_in_cpu_harness(out: pathlib.Path, models: list, env: dict | None = None
     return results
 
 
+def load_mtp_in_cpu_harness(out: pathlib.Path, models: list, env: dict | None = None) -> list[dict]:
+    """Each GGUF through vLLM on the CPU with --speculative-config method mtp (tests/vllm_cpu_harness.py mtp): the
+    target, then vLLM's MTP draft as its proposer loads it; one result dict per model, the draft's parameters in
+    out/<i>-draft.npz."""
+    out.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "vllm_cpu_harness.py"), "mtp", str(out),
+                           *[str(m) for m in models]], env=child_env(env), capture_output=True, text=True,
+                          timeout=1500, cwd=str(REPO))
+    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(results) == len(models), proc.stderr[-4000:]
+    return results
+
+
 @contextlib.contextmanager
 def shim_in_this_process(*targets: str):
     """The shim active in the pytest process for a block of tests (targets imported, so their patches apply), and

@@ -66,6 +66,21 @@ def test_doctor_checks_a_model_without_a_gpu(tmp_path):
     assert "1 error(s)" in text and "not a GGUF" in text
 
 
+def test_doctor_says_whether_the_file_has_an_mtp_layer_and_the_flag(tmp_path):
+    from glm5_shim.gguf.fixture import make_tiny
+
+    flag = """--speculative-config '{"method": "mtp", "num_speculative_tokens": 1}'"""
+    good = make_tiny(tmp_path / "m.gguf", layers=2, write_reference=False)[0]
+    text = _doctor(str(good)).stdout
+    line = next(line for line in text.splitlines() if line.startswith("  MTP layer"))
+    assert line.startswith("  MTP layer blk.2: 27 tensors") and line.endswith(f"enable with {flag}"), line
+    trunk = make_tiny(tmp_path / "trunk.gguf", layers=2, write_reference=False, split_mtp="trunk")[0]
+    report = json.loads(_doctor(str(trunk), "--json").stdout)
+    assert report["model"]["errors"] == [] and not report["model"]["mtp"]["available"]
+    expected = "  MTP speculative decoding: unavailable: " + report["model"]["mtp"]["problem"]
+    assert expected in _doctor(str(trunk)).stdout
+
+
 def test_doctor_reports_the_indexer_layout_and_the_longest_context(tmp_path):
     from glm5_shim.gguf.fixture import make_tiny
 

@@ -121,16 +121,11 @@ def test_every_parameter_matches_the_reference(groups, case):
     check_every_parameter(result, npz, gguf_path, CASES[case]["quant"], case)
 
 
-def check_every_parameter(result: dict, npz: pathlib.Path, gguf_path: pathlib.Path, quant: str, case: str) -> None:
-    """Every loaded parameter against `<stem>.reference/`; quant: the file's main type (its bounds)."""
-    assert result["ok"], result
-    assert result["model_type"] == "glm_moe_dsa" and result["tokenizer"]["vocab"] > 256
-    ref = _reference(gguf_path)
-    config = json.loads((reference_dir(gguf_path) / "config.json").read_text())
+def parameter_checker(result: dict, npz: pathlib.Path, case: str):
+    """expect(name, reference, type_name): the loaded parameter `name` (dequantized as vLLM reads it) within the
+    type's bound of `reference`; returns (expect, the set of names checked so far, the loaded parameters)."""
     params = dict(np.load(npz))
     types = result["types"]
-    float_quant = quant in ("F32", "F16", "BF16")
-    shared_layers = [t == "shared" for t in config.get("indexer_types") or ["full"] * config["num_hidden_layers"]]
     checked = set()
 
     def expect(name: str, reference: np.ndarray, type_name: str) -> None:
@@ -147,52 +142,72 @@ def check_every_parameter(result: dict, npz: pathlib.Path, gguf_path: pathlib.Pa
         _close(value, reference, type_name, f"{case}: {name}")
         checked.add(name)
 
+    return expect, checked, params
+
+
+def check_every_parameter(result: dict, npz: pathlib.Path, gguf_path: pathlib.Path, quant: str, case: str) -> None:
+    """Every loaded parameter against `<stem>.reference/`; quant: the file's main type (its bounds)."""
+    assert result["ok"], result
+    assert result["model_type"] == "glm_moe_dsa" and result["tokenizer"]["vocab"] > 256
+    ref = _reference(gguf_path)
+    config = json.loads((reference_dir(gguf_path) / "config.json").read_text())
+    expect, checked, params = parameter_checker(result, npz, case)
+    float_quant = quant in ("F32", "F16", "BF16")
+    shared_layers = [t == "shared" for t in config.get("indexer_types") or ["full"] * config["num_hidden_layers"]]
     for layer in range(config["num_hidden_layers"]):
-        p, h = f"model.layers.{layer}.", f"model.layers.{layer}."
-        shared = shared_layers[layer]
-        for norm in ("input_layernorm", "post_attention_layernorm", "self_attn.q_a_layernorm",
-                     "self_attn.kv_a_layernorm") + (() if shared else ("self_attn.indexer.k_norm",)):
-            expect(p + norm + ".weight", ref[h + norm + ".weight"], "F32")
-        if shared:  # reuses the previous full layer's top-k: vLLM holds no indexer weights there
-            assert not [n for n in params if n.startswith(p + "self_attn.indexer.")], (case, layer)
-        else:
-            expect(p + "self_attn.indexer.k_norm.bias", ref[h + "self_attn.indexer.k_norm.bias"], "F32")
-        # kv_b_proj is rebuilt from attn_k_b/attn_v_b: the float weight vLLM absorbs into W_UK/W_UV
-        # (attn_v_b keeps the requested type, attn_k_b may fall back: the looser bound of the two applies)
-        expect(p + "self_attn.kv_b_proj.weight", ref[h + "self_attn.kv_b_proj.weight"],
-               max(quant, KV_B_TYPE.get(quant, quant), key=BOUND.get))
-        # wk and weights_proj are dequantized and fused (shard 0 = wk, shard 1 = weights_proj)
-        if not shared:
-            expect(p + "self_attn.indexer.wk_weights_proj.weight",
-                   np.concatenate([ref[h + "self_attn.indexer.wk.weight"],
-                                   ref[h + "self_attn.indexer.weights_proj.weight"]]), quant)
-        for proj in ("self_attn.q_b_proj", "self_attn.o_proj") + (() if shared else ("self_attn.indexer.wq_b",)):
-            expect(p + proj + (".weight" if float_quant else ".qweight"), ref[h + proj + ".weight"], quant)
-        fused_q = np.concatenate([ref[h + "self_attn.q_a_proj.weight"], ref[h + "self_attn.kv_a_proj_with_mqa.weight"]])
-        suffix = ".weight" if float_quant else ".qweight"
-        expect(p + "self_attn.fused_qkv_a_proj" + suffix, fused_q, quant)
-        if layer < config["first_k_dense_replace"]:
-            expect(p + "mlp.gate_up_proj" + suffix,
-                   np.concatenate([ref[h + "mlp.gate_proj.weight"], ref[h + "mlp.up_proj.weight"]]), quant)
-            expect(p + "mlp.down_proj" + suffix, ref[h + "mlp.down_proj.weight"], quant)
-            continue
-        expect(p + "mlp.gate.weight", ref[h + "mlp.gate.weight"], "F32")
-        expect(p + "mlp.gate.e_score_correction_bias", ref[h + "mlp.gate.e_score_correction_bias"], "F32")
-        experts = range(config["n_routed_experts"])
-        w13 = np.stack([np.concatenate([ref[f"{h}mlp.experts.{e}.gate_proj.weight"],
-                                        ref[f"{h}mlp.experts.{e}.up_proj.weight"]]) for e in experts])
-        w2 = np.stack([ref[f"{h}mlp.experts.{e}.down_proj.weight"] for e in experts])
-        # float experts are re-quantized to Q8_0 at load (vLLM 0.23 runs only quantized GGUF experts)
-        expect(p + "mlp.experts.w13_qweight", w13, quant)
-        expect(p + "mlp.experts.w2_qweight", w2, quant)
-        expect(p + "mlp.shared_experts.gate_up_proj" + suffix,
-               np.concatenate([ref[h + "mlp.shared_experts.gate_proj.weight"],
-                               ref[h + "mlp.shared_experts.up_proj.weight"]]), quant)
-        expect(p + "mlp.shared_experts.down_proj" + suffix, ref[h + "mlp.shared_experts.down_proj.weight"], quant)
+        check_decoder_layer(expect, ref, config, layer, f"model.layers.{layer}.", quant, shared_layers[layer], params)
     expect("model.norm.weight", ref["model.norm.weight"], "F32")
     for name, src in (("model.embed_tokens", "model.embed_tokens.weight"), ("lm_head", "lm_head.weight")):
         expect(name + (".weight" if float_quant else ".qweight"), ref[src], quant)
     assert len(checked) > 20 * config["num_hidden_layers"] // 2
+
+
+def check_decoder_layer(expect, ref: dict, config: dict, layer: int, p: str, quant: str, shared: bool = False,
+                        params: dict | None = None) -> None:
+    """The parameters of decoder layer `layer` (vLLM's names start with `p`: model.layers.N. in the trunk,
+    model.layers.N.mtp_block. in the MTP draft) against the reference's model.layers.N.*; shared: a shared-indexer
+    layer, which must hold no indexer parameter (among `params`)."""
+    h = f"model.layers.{layer}."
+    float_quant = quant in ("F32", "F16", "BF16")
+    for norm in ("input_layernorm", "post_attention_layernorm", "self_attn.q_a_layernorm",
+                 "self_attn.kv_a_layernorm") + (() if shared else ("self_attn.indexer.k_norm",)):
+        expect(p + norm + ".weight", ref[h + norm + ".weight"], "F32")
+    if shared:  # reuses the previous full layer's top-k: vLLM holds no indexer weights there
+        assert not [n for n in params if n.startswith(p + "self_attn.indexer.")], (p, layer)
+    else:
+        expect(p + "self_attn.indexer.k_norm.bias", ref[h + "self_attn.indexer.k_norm.bias"], "F32")
+    # kv_b_proj is rebuilt from attn_k_b/attn_v_b: the float weight vLLM absorbs into W_UK/W_UV
+    # (attn_v_b keeps the requested type, attn_k_b may fall back: the looser bound of the two applies)
+    expect(p + "self_attn.kv_b_proj.weight", ref[h + "self_attn.kv_b_proj.weight"],
+           max(quant, KV_B_TYPE.get(quant, quant), key=BOUND.get))
+    # wk and weights_proj are dequantized and fused (shard 0 = wk, shard 1 = weights_proj)
+    if not shared:
+        expect(p + "self_attn.indexer.wk_weights_proj.weight",
+               np.concatenate([ref[h + "self_attn.indexer.wk.weight"],
+                               ref[h + "self_attn.indexer.weights_proj.weight"]]), quant)
+    for proj in ("self_attn.q_b_proj", "self_attn.o_proj") + (() if shared else ("self_attn.indexer.wq_b",)):
+        expect(p + proj + (".weight" if float_quant else ".qweight"), ref[h + proj + ".weight"], quant)
+    fused_q = np.concatenate([ref[h + "self_attn.q_a_proj.weight"], ref[h + "self_attn.kv_a_proj_with_mqa.weight"]])
+    suffix = ".weight" if float_quant else ".qweight"
+    expect(p + "self_attn.fused_qkv_a_proj" + suffix, fused_q, quant)
+    if layer < config["first_k_dense_replace"]:
+        expect(p + "mlp.gate_up_proj" + suffix,
+               np.concatenate([ref[h + "mlp.gate_proj.weight"], ref[h + "mlp.up_proj.weight"]]), quant)
+        expect(p + "mlp.down_proj" + suffix, ref[h + "mlp.down_proj.weight"], quant)
+        return
+    expect(p + "mlp.gate.weight", ref[h + "mlp.gate.weight"], "F32")
+    expect(p + "mlp.gate.e_score_correction_bias", ref[h + "mlp.gate.e_score_correction_bias"], "F32")
+    experts = range(config["n_routed_experts"])
+    w13 = np.stack([np.concatenate([ref[f"{h}mlp.experts.{e}.gate_proj.weight"],
+                                    ref[f"{h}mlp.experts.{e}.up_proj.weight"]]) for e in experts])
+    w2 = np.stack([ref[f"{h}mlp.experts.{e}.down_proj.weight"] for e in experts])
+    # float experts are re-quantized to Q8_0 at load (vLLM 0.23 runs only quantized GGUF experts)
+    expect(p + "mlp.experts.w13_qweight", w13, quant)
+    expect(p + "mlp.experts.w2_qweight", w2, quant)
+    expect(p + "mlp.shared_experts.gate_up_proj" + suffix,
+           np.concatenate([ref[h + "mlp.shared_experts.gate_proj.weight"],
+                           ref[h + "mlp.shared_experts.up_proj.weight"]]), quant)
+    expect(p + "mlp.shared_experts.down_proj" + suffix, ref[h + "mlp.shared_experts.down_proj.weight"], quant)
 
 
 def test_split_file_loads_exactly_like_one_file(loaded):

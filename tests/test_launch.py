@@ -186,6 +186,43 @@ def test_repo_ids_pass_through_to_vllm(tmp_path: pathlib.Path, model):
     assert _vllm_args(tmp_path)[:2] == ["serve", model]
 
 
+@pytest.fixture(scope="module")
+def trunk_only_gguf(tmp_path_factory) -> pathlib.Path:
+    """llama.cpp's convert_hf_to_gguf.py --no-mtp: no MTP layer."""
+    from glm5_shim.gguf.fixture import make_tiny
+
+    return make_tiny(tmp_path_factory.mktemp("launch") / "trunk.gguf", quant="Q8_0", layers=2,
+                     write_reference=False, split_mtp="trunk")[0]
+
+
+MTP = '{"method": "mtp", "num_speculative_tokens": 2}'
+
+
+@pytest.mark.parametrize("args", [["--speculative-config", MTP], [f"--speculative-config={MTP}"], ["-sc", MTP],
+                                  ["-tp", "1", "--speculative-config", '{"model": "%s", "num_speculative_tokens": 1}']])
+def test_an_mtp_draft_of_a_file_without_its_mtp_layer_is_one_line(tmp_path: pathlib.Path, trunk_only_gguf, args):
+    from glm5_shim.preflight import problem
+
+    args = [a.replace("%s", str(trunk_only_gguf)) for a in args]
+    proc = subprocess.run([str(LAUNCH), str(trunk_only_gguf), *args], env=_fake_vllm(tmp_path),
+                          capture_output=True, text=True)
+    line = _refused(tmp_path, proc)
+    assert line == f"launch.sh: {problem(str(trunk_only_gguf), MTP)}"
+    assert "has no multi-token-prediction (MTP) layer" in line
+
+
+def test_a_file_with_its_mtp_layer_starts_with_the_flag(tmp_path: pathlib.Path, tiny_gguf, trunk_only_gguf):
+    env = _fake_vllm(tmp_path)
+    proc = subprocess.run([str(LAUNCH), str(tiny_gguf), "--speculative-config", MTP], env=env, capture_output=True,
+                          text=True)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert _vllm_args(tmp_path)[4:6] == ["--speculative-config", MTP]
+    # the trunk-only file serves without a draft, or with another method
+    for extra in ([], ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}']):
+        proc = subprocess.run([str(LAUNCH), str(trunk_only_gguf), *extra], env=env, capture_output=True, text=True)
+        assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+
+
 @pytest.mark.parametrize("value", ["0", "off", " False "])
 def test_shim_off_skips_the_gguf_check(tmp_path: pathlib.Path, truncated_gguf, value):
     proc = subprocess.run([str(LAUNCH), str(truncated_gguf)], env=dict(_fake_vllm(tmp_path), GLM5_SHIM=value),

@@ -2,20 +2,22 @@
 
 The actions and the rules that pick them are glm5_shim.gguf.type_policy's (the validator and `inspect` apply the
 same rules); this module applies them to a file: `plan_tensors` records what no treatment can fix, `plan_load`
-raises it.
+raises it.  One file serves two models: the target (draft=False: every trunk tensor, the MTP block skipped) and
+vLLM's MTP draft (draft=True: the MTP block blk.{num_hidden_layers} only); `mtp_draft_problem` is the one line for a
+file that cannot serve the draft.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .config import indexer_layout
+from .config import indexer_layout, mtp_block_absent
 from .dequant import VLLM_UNQUANTIZED_TYPES
 from .errors import GGUFError
 from .reader import GGUFModel, TensorInfo
 from .tensor_map import ROLE_MTP, ROLE_REBUILD_KV_B, ROLE_SHARED_INDEXER, TensorMap, TensorSpec, build_tensor_map, \
     known_unused_tensor
-from .type_policy import SKIP, GroupNote, Treatment, loaded_type, row_problem, settle_groups, skip_reason, \
-    treatment
+from .type_policy import SKIP, GroupNote, Treatment, loaded_type, row_problem, settle_groups, \
+    skip_reason, treatment
 
 
 @dataclass
@@ -57,6 +59,7 @@ class LoadPlan:
     notes: list[str] = field(default_factory=list)  # one line each: what the loader works around
     refused: list[Refusal] = field(default_factory=list)  # empty in a plan plan_load returns
     group_notes: list[GroupNote] = field(default_factory=list)  # type_policy.settle_groups's, as the validator says
+    draft: bool = False  # the plan of vLLM's MTP draft (the MTP block only), not of the target model
 
     @property
     def tied_embeddings(self) -> bool:
@@ -67,9 +70,17 @@ class LoadPlan:
         return {t.hf_name: vllm_type for t in self.tensors if (vllm_type := t.vllm_type) is not None}
 
     def unquantized_modules(self) -> list[str]:
-        """Module prefixes vLLM must build unquantized (what its GGUF loader derives from F32/F16/BF16 weights)."""
-        return sorted({name.removesuffix(".weight") for name, t in self.weight_types().items()
-                       if t in VLLM_UNQUANTIZED_TYPES and name.endswith(".weight")})
+        """Module prefixes vLLM must build unquantized (what its GGUF loader derives from F32/F16/BF16 weights).  vLLM
+        builds the MTP block's modules under their checkpoint names too (DeepSeekMultiTokenPredictorLayer hands its
+        own prefix to the decoder layer), so these are HF names.  The draft's list also names each float fused
+        module itself: DeepSeekMTP declares no packed_modules_mapping, so unless the target's mapping is already on
+        the shared quant config, vLLM's is_layer_skipped_gguf matches a fused module by its own name."""
+        modules = {name.removesuffix(".weight") for name, t in self.weight_types().items()
+                   if t in VLLM_UNQUANTIZED_TYPES and name.endswith(".weight")}
+        if self.draft:
+            modules |= {t.spec.fused_group for t in self.tensors
+                        if t.spec is not None and t.spec.fused_group and t.vllm_type in VLLM_UNQUANTIZED_TYPES}
+        return sorted(modules)
 
     def stream_order(self) -> list[PlannedTensor]:
         """The tensors in the order the loader hands them to vLLM: file order, except that the members of a fused
@@ -89,16 +100,50 @@ class LoadPlan:
         return [t for t in self.tensors if t.action == action]
 
 
-def plan_load(model: GGUFModel, config: dict) -> LoadPlan:
-    """Decide every tensor's treatment.  Raises GGUFError (one line) for what no treatment can fix."""
-    plan = plan_tensors(model, config)
+# The flag that serves a file's MTP layer as vLLM's MTP draft (K = 1 drafts one token a step; vLLM reruns the one
+# layer for larger K).
+MTP_FLAG = """--speculative-config '{"method": "mtp", "num_speculative_tokens": 1}'"""
+# What a user who asked for an MTP draft of a file without one can do instead.
+MTP_ALTERNATIVES = ("serve it without --speculative-config (or with '{\"method\": \"ngram\", ...}'), or serve a GGUF "
+                    "converted with its MTP layer (llama.cpp's convert_hf_to_gguf.py without --no-mtp)")
+
+
+def mtp_draft_problem(model: GGUFModel, config: dict) -> str | None:
+    """The one line for a file that cannot serve vLLM's MTP draft (--speculative-config method "mtp"): no MTP layer
+    declared (llama.cpp's --no-mtp), declared but without its tensors (a trunk-only file), or a block the draft's
+    plan refuses; None when the draft can load."""
+    arch, path = model.architecture, model.path
+    key = f"{arch}.nextn_predict_layers"
+    n_mtp = config["num_nextn_predict_layers"]
+    if not n_mtp:
+        found = "0" if key in model.metadata else "absent, as llama.cpp's convert_hf_to_gguf.py --no-mtp writes"
+        return (f"{path}: this GGUF has no multi-token-prediction (MTP) layer ({key} is {found}), so "
+                f"--speculative-config method \"mtp\" has no draft to load; {MTP_ALTERNATIVES}")
+    blocks = " ".join(f"blk.{layer}" for layer in range(config["num_hidden_layers"],
+                                                          config["num_hidden_layers"] + n_mtp))
+    if mtp_block_absent(model, config):
+        return (f"{path}: {key} is {n_mtp} but the MTP layer {blocks} has no tensors in this file (a trunk-only "
+                f"file), so --speculative-config method \"mtp\" has no draft to load; {MTP_ALTERNATIVES}")
+    try:
+        plan_load(model, config, draft=True)
+    except GGUFError as exc:
+        return f"{exc} (the MTP draft's layer {blocks}; without --speculative-config the model serves without it)"
+    return None
+
+
+def plan_load(model: GGUFModel, config: dict, *, draft: bool = False) -> LoadPlan:
+    """Decide every tensor's treatment.  Raises GGUFError (one line) for what no treatment can fix.  draft: the plan
+    of vLLM's MTP draft (the MTP block only), which also needs every required tensor of that block."""
+    plan = plan_tensors(model, config, draft=draft)
     if plan.refused:
         raise GGUFError(plan.refused[0].message)
+    if draft:
+        _check_mtp_block_complete(plan)
     _check_kv_b_complete(plan)
     return plan
 
 
-def plan_tensors(model: GGUFModel, config: dict) -> LoadPlan:
+def plan_tensors(model: GGUFModel, config: dict, *, draft: bool = False) -> LoadPlan:
     """Every tensor's treatment, as plan_load decides it, but what no treatment can fix is listed in plan.refused
     (those tensors are not in plan.tensors) instead of raised."""
     tmap = build_tensor_map(config, include_mtp=True)
@@ -107,23 +152,28 @@ def plan_tensors(model: GGUFModel, config: dict) -> LoadPlan:
     for info in model:
         spec = tmap.get(info.name)
         if spec is None:
-            if known_unused_tensor(info.name):
+            if known_unused_tensor(info.name) or draft:  # the target's plan refuses what is not glm-dsa
                 planned.append(PlannedTensor(info, None, SKIP, None, "not used by GLM-5"))
             else:
                 refused.append(Refusal(info, None, f"{info.path}: tensor {info.name} is not part of a glm-dsa model "
                                                    f"(expected only the tensors of llama.cpp's glm-dsa layout)"))
             continue
-        outcome = _plan_one(info, spec)
+        outcome = _plan_one(info, spec, draft)
         (refused if isinstance(outcome, Refusal) else planned).append(outcome)
-    plan = LoadPlan(model, config, tmap, planned, refused=refused)
+    plan = LoadPlan(model, config, tmap, planned, refused=refused, draft=draft)
     _settle_groups(plan)
+    layer = config["num_hidden_layers"]
+    if draft:
+        loaded = [t for t in plan.tensors if t.action != SKIP]
+        plan.notes.append(f"MTP draft: loading {len(loaded)} tensors of the multi-token-prediction block blk.{layer} "
+                          "(embedding and lm_head shared with the target model)")
+        return plan
     plan.notes.append("DSA indexer: " + indexer_layout(model, config["num_hidden_layers"]).describe())
     skipped = plan.by_action(SKIP)
     mtp_count = sum(1 for t in skipped if t.spec is not None and t.spec.role == ROLE_MTP)
     if mtp_count:
-        layer = config["num_hidden_layers"]
-        plan.notes.append(f"skipping {mtp_count} tensors of the multi-token-prediction block blk.{layer} "
-                          "(MTP speculative decoding is not supported yet)")
+        plan.notes.append(f"skipping {mtp_count} tensors of the multi-token-prediction block blk.{layer} in the "
+                          f"target model ({MTP_FLAG} loads them as vLLM's MTP draft)")
     unused = sorted({t.spec.layer for t in skipped if t.spec is not None and t.spec.role == ROLE_SHARED_INDEXER})
     if unused:
         plan.notes.append(f"ignoring the indexer tensors of {len(unused)} shared-indexer layer(s) "
@@ -131,9 +181,9 @@ def plan_tensors(model: GGUFModel, config: dict) -> LoadPlan:
     return plan
 
 
-def _plan_one(info: TensorInfo, spec: TensorSpec) -> PlannedTensor | Refusal:
+def _plan_one(info: TensorInfo, spec: TensorSpec, draft: bool = False) -> PlannedTensor | Refusal:
     loc = f"{info.path}: tensor {info.name}"
-    skip = skip_reason(spec)
+    skip = skip_reason(spec, draft=draft)
     if skip is not None:
         return PlannedTensor(info, spec, SKIP, spec.hf_name, skip)
     if tuple(info.shape) != tuple(spec.shape):
@@ -166,11 +216,21 @@ def _settle_groups(plan: LoadPlan) -> None:
 
 
 def _check_kv_b_complete(plan: LoadPlan) -> None:
-    """kv_b_proj of every trunk layer needs attn_k_b and attn_v_b, or a legacy attn_kv_b (TensorMap.missing)."""
+    """kv_b_proj of every layer the plan loads (the trunk's, or the draft's MTP block) needs attn_k_b and attn_v_b,
+    or a legacy attn_kv_b (TensorMap.missing)."""
     for spec in plan.tensor_map.missing(plan.model.tensors):
-        if spec.base_role == ROLE_REBUILD_KV_B and not spec.is_mtp:
+        if spec.base_role == ROLE_REBUILD_KV_B and spec.is_mtp == plan.draft:
             raise GGUFError(f"{plan.model.path}: tensor {spec.gguf_name} is missing "
                             "(expected attn_k_b and attn_v_b, or a legacy attn_kv_b, to rebuild kv_b_proj)")
+
+
+def _check_mtp_block_complete(plan: LoadPlan) -> None:
+    """The draft loads the whole MTP block: every required tensor of it must be in the file (the target's plan
+    leaves missing tensors to the validator, which finds them before vLLM starts)."""
+    for spec in plan.tensor_map.missing(plan.model.tensors):
+        if spec.is_mtp and spec.base_role != ROLE_REBUILD_KV_B:
+            raise GGUFError(f"{plan.model.path}: tensor {spec.gguf_name} of the MTP layer is missing (expected "
+                            f"shape {list(spec.shape)}, loaded as {spec.param_name} of vLLM's MTP draft)")
 
 
 def describe(plan: LoadPlan) -> dict[str, int]:

@@ -10,7 +10,9 @@ Weight memory per GPU for tensor parallel size TP:
     float (kv_b rebuilt from attn_k_b + attn_v_b, indexer wk / weights_proj, types vLLM has no kernel for), take
     2 bytes per value (bfloat16); a tensor the plan refuses counts as it is in the file.
   * what the loader skips is not counted: the MTP block, the indexer tensors of GLM-5.2's shared-indexer layers
-    where a file has them, tensors GLM-5 does not use.
+    where a file has them, tensors GLM-5 does not use.  The MTP block's own figure ("mtp") is what vLLM's MTP draft
+    adds with --speculative-config method mtp (the draft's load plan, same rules; it shares the target's
+    embedding and lm_head).
 KV cache per token (MLA keeps one latent per token, replicated across TP ranks; rules in glm5_shim.gguf.memory):
   * MLA latent, every trunk layer: (kv_lora + rope) values x 2 bytes in bf16 = 1152 B for GLM-5, or fp8_ds_mla:
     kv_lora fp8 bytes + 4-byte scale per 128 values + rope x 2 bytes = 656 B;
@@ -36,7 +38,7 @@ from glm5_shim import settings
 from .config import build_hf_config, indexer_layout
 from .kernel_coverage import kernel_path
 from .errors import GGUFError
-from .load_plan import LoadPlan, plan_load, plan_tensors
+from .load_plan import MTP_FLAG, LoadPlan, mtp_draft_problem, plan_load, plan_tensors
 from . import memory
 from .memory import GIB, ServeAssumptions, context_table, format_context_table
 from .reader import GLM_DSA_ARCH, GGUFModel, open_gguf
@@ -111,6 +113,41 @@ def format_matmul_paths(paths: dict[str, dict[str, int]]) -> str:
             f"(dense linears at 1-6 rows stay on vLLM's vector kernel in fp16 or below compute capability 10; {hint})")
 
 
+def mtp_report(model: GGUFModel, config: dict[str, Any], tp_sizes=TP_SIZES) -> dict[str, Any]:
+    """Whether the file can serve vLLM's MTP draft (--speculative-config method mtp), and what the draft adds per
+    GPU: {"layers", "tensors" (of the block in the file), "file_bytes", "available", "problem" (the one line
+    mtp_draft_problem gives, or None), "flag", "weight_bytes_per_gpu" (when available)}."""
+    first = config["num_hidden_layers"]
+    layers = list(range(first, first + config["num_nextn_predict_layers"]))
+    prefixes = tuple(f"blk.{layer}." for layer in layers)
+    present = [t for t in model if prefixes and t.name.startswith(prefixes)]
+    problem = mtp_draft_problem(model, config)
+    out: dict[str, Any] = {"layers": layers, "tensors": len(present), "file_bytes": sum(t.n_bytes for t in present),
+                           "available": problem is None, "problem": problem, "flag": MTP_FLAG}
+    if problem is None:
+        plan = plan_load(model, config, draft=True)
+        out["weight_bytes_per_gpu"] = {str(tp): b for tp, b in
+                                       weight_bytes_per_gpu(model, config, tp_sizes, plan=plan).items()}
+        # the draft's own KV cache: its layers' MLA latent and indexer keys, a token
+        per_layer = memory.indexer_bytes_per_token(config)
+        out["kv_cache_bytes_per_token"] = {
+            "bf16": len(layers) * (memory.mla_bytes_per_token(config, "bf16") + per_layer),
+            "fp8_ds_mla": len(layers) * (memory.mla_bytes_per_token(config, "fp8_ds_mla") + per_layer)}
+    return out
+
+
+def format_mtp(mtp: dict[str, Any]) -> str:
+    """One line: the MTP layer, what enabling it costs per GPU and the flag; or why the file cannot serve it."""
+    if not mtp["available"]:
+        return f"MTP speculative decoding: unavailable: {mtp['problem']}"
+    per_gpu = mtp["weight_bytes_per_gpu"]
+    return (f"MTP layer {' '.join(f'blk.{layer}' for layer in mtp['layers'])}: {mtp['tensors']} tensors, "
+            f"{_size(mtp['file_bytes'])} in the file (the target model skips it); as vLLM's MTP draft it adds "
+            + ", ".join(f"TP{tp} {_size(b)}" for tp, b in per_gpu.items())
+            + f" per GPU and {mtp['kv_cache_bytes_per_token']['bf16']} B of KV cache a token "
+              f"({mtp['kv_cache_bytes_per_token']['fp8_ds_mla']} B fp8_ds_mla): enable with {mtp['flag']}")
+
+
 def kv_cache_bytes_per_token(config: dict[str, Any], indexer_layers: int | None = None) -> dict[str, int]:
     """KV-cache bytes per token on each rank (rule in the module docstring).  indexer_layers: the layers that keep
     an indexer K cache; default: the full ones of config["indexer_types"], all layers without it."""
@@ -163,6 +200,7 @@ def inspect_model(model: GGUFModel, assume: ServeAssumptions = ServeAssumptions(
     report["roles"] = dict(sorted(Counter(
         (tensor_map[t.name].role if t.name in tensor_map else "unknown") for t in model).items()))
     report["mtp_bytes"] = sum(t.n_bytes for t in model if t.name in tensor_map and tensor_map[t.name].is_mtp)
+    report["mtp"] = mtp_report(model, config)
     report["experts_bytes"] = sum(t.n_bytes for t in model
                                   if t.name in tensor_map and tensor_map[t.name].base_role == ROLE_EXPERTS)
     layout = indexer_layout(model, config["num_hidden_layers"])
@@ -218,7 +256,7 @@ def format_report(report: dict[str, Any]) -> str:
                     "vocab_size", "max_position_embeddings", "tie_word_embeddings"):
             lines.append(f"  {key}: {config[key]}")
         lines.append("tensor roles: " + ", ".join(f"{k} x{v}" for k, v in report["roles"].items()))
-        lines.append(f"MTP block (skipped by the loader): {_size(report['mtp_bytes'])}")
+        lines.append(format_mtp(report["mtp"]))
         lines.append("loader: " + ", ".join(f"{action} x{n}" for action, n in report["load_actions"].items()))
     if report.get("matmul_paths"):
         lines.append(format_matmul_paths(report["matmul_paths"]))

@@ -8,11 +8,19 @@ each: glm5_shim.gguf.type_policy):
   rebuild-kv_b   attn_k_b + attn_v_b (or a legacy attn_kv_b) → one float kv_b_proj weight
   force-float    vLLM builds these modules without quant_config: dequantize to float
   experts        3-D stacked routed experts, fed to vLLM as "expert 0" with the whole tensor
-  mtp            belongs to the multi-token-prediction block (blk.{num_hidden_layers}); skipped for now
+  mtp            belongs to the multi-token-prediction block (blk.{num_hidden_layers}): the target model skips it,
+                 vLLM's MTP draft (deepseek_mtp.DeepSeekMTP, --speculative-config method "mtp") loads it, each tensor
+                 treated as its base_role says
+  from-target    (base role, MTP block only) nextn.embed_tokens / nextn.shared_head_head: vLLM's MTP proposer
+                 replaces the draft's embedding and shared head with the target model's (llm_base_proposer.
+                 _maybe_share_embeddings / _maybe_share_lm_head), so no loader loads them
   shared-indexer an indexer tensor of a layer that reuses the previous full layer's top-k (GLM-5.2's "shared"
                  layers, config indexer_types): not expected, ignored when present
 
-No dummy HF model is built: the table is written out from the llama.cpp converter layout.
+No dummy HF model is built: the table is written out from the llama.cpp converter layout.  hf_name is the checkpoint
+name vLLM's load_weights consumes, and also the prefix vLLM builds the module under (what its GGUF quant config
+matches unquantized modules against); param_name is the parameter's name in vLLM's module tree: the same in the
+trunk, while DeepSeekMTP keeps the MTP block's decoder under `mtp_block` (mtp_param_name).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ ROLE_FORCE_FLOAT = "force-float"
 ROLE_EXPERTS = "experts"
 ROLE_MTP = "mtp"
 ROLE_SHARED_INDEXER = "shared-indexer"
+ROLE_FROM_TARGET = "from-target"
 
 # How vLLM 0.23 splits a weight across tensor-parallel ranks: by output rows (column-parallel linears, vocab-parallel
 # embedding and lm_head, gate/up experts), along each row's packed bytes (row-parallel: attn_output, the down
@@ -57,10 +66,17 @@ class TensorSpec:
     # The member's shard id in that module (vLLM's stacked_params_mapping): the order its output is concatenated in.
     fused_shard: int | None = None
     tp_split: str = TP_REPLICATED  # TP_COLUMN / TP_ROW / TP_REPLICATED
+    # The parameter's name in vLLM's model when it differs from hf_name (the MTP block: mtp_param_name).
+    vllm_name: str | None = None
 
     @property
     def is_mtp(self) -> bool:
         return self.role == ROLE_MTP
+
+    @property
+    def param_name(self) -> str:
+        """The parameter's name in vLLM's model (named_parameters), before any fusing of shards or experts."""
+        return self.vllm_name or self.hf_name
 
 
 class TensorMap:
@@ -122,6 +138,24 @@ class TensorMap:
         return out
 
 
+# Checkpoint names of the MTP block that vLLM's DeepSeekMTP keeps outside its decoder block (mtp_block).
+_MTP_OWN_NAMES = ("embed_tokens", "enorm", "hnorm", "eh_proj", "shared_head")
+
+
+def mtp_param_name(hf_name: str, layer: int) -> str:
+    """Where vLLM's DeepSeekMTP puts the MTP block's checkpoint weight `hf_name` (model.layers.{layer}.*): the
+    decoder block's weights move under model.layers.{layer}.mtp_block., embed_tokens to the top (model.embed_tokens),
+    enorm / hnorm / eh_proj / shared_head stay.  The rule of DeepSeekMTP._rewrite_spec_layer_name in vLLM 0.23
+    (tests/test_gguf_mtp_load.py checks this function against vLLM's on every tensor of the table)."""
+    prefix = f"model.layers.{layer}."
+    own = next((n for n in _MTP_OWN_NAMES if n in hf_name), None)
+    if own is None:
+        return hf_name.replace(prefix, prefix + "mtp_block.")
+    if own == "embed_tokens":
+        return hf_name.replace(prefix, "model.")
+    return hf_name
+
+
 def build_tensor_map(config: dict[str, Any], *, include_mtp: bool = True) -> TensorMap:
     """Every GGUF tensor of a glm-dsa model described by `config` (an HF glm_moe_dsa config dict)."""
     c = config
@@ -163,6 +197,7 @@ def build_tensor_map(config: dict[str, Any], *, include_mtp: bool = True) -> Ten
                 fused_group=(hf + fused[0]) if fused else None,
                 fused_shard=fused[1] if fused else None,
                 tp_split=tp,
+                vllm_name=mtp_param_name(hf + hf_suffix, layer) if is_mtp else None,
             ))
 
         add("attn_norm.weight", "input_layernorm.weight", (hidden,), float_only=True)
@@ -216,13 +251,16 @@ def build_tensor_map(config: dict[str, Any], *, include_mtp: bool = True) -> Ten
             add("ffn_up.weight", "mlp.up_proj.weight", (inter, hidden), fused=("mlp.gate_up_proj", 1), tp=TP_COLUMN)
             add("ffn_down.weight", "mlp.down_proj.weight", (hidden, inter), tp=TP_ROW)
         if is_mtp:
-            add("nextn.eh_proj.weight", "eh_proj.weight", (hidden, 2 * hidden))
+            # vLLM's DeepSeekMultiTokenPredictorLayer builds eh_proj as a plain torch Linear (no quant_config).
+            add("nextn.eh_proj.weight", "eh_proj.weight", (hidden, 2 * hidden), ROLE_FORCE_FLOAT)
             add("nextn.enorm.weight", "enorm.weight", (hidden,), float_only=True)
             add("nextn.hnorm.weight", "hnorm.weight", (hidden,), float_only=True)
             add("nextn.shared_head_norm.weight", "shared_head.norm.weight", (hidden,), float_only=True)
-            # Optional in llama.cpp; when absent the MTP block shares token_embd / output.
-            add("nextn.embed_tokens.weight", "embed_tokens.weight", (vocab, hidden), required=False)
-            add("nextn.shared_head_head.weight", "shared_head.head.weight", (vocab, hidden), required=False)
+            # Optional in llama.cpp (absent: the block shares token_embd / output); vLLM's proposer uses the target's.
+            add("nextn.embed_tokens.weight", "embed_tokens.weight", (vocab, hidden), ROLE_FROM_TARGET,
+                required=False)
+            add("nextn.shared_head_head.weight", "shared_head.head.weight", (vocab, hidden), ROLE_FROM_TARGET,
+                required=False)
     return TensorMap(specs, config)
 
 

@@ -13,17 +13,20 @@ Actions (load_plan.PlannedTensor.action):
               experts; gate/up of different types: vLLM keeps one type for both) → Q8_0, the gguf package's
               near-lossless quantizer
   kv_b        attn_k_b / attn_v_b (or a legacy attn_kv_b): rebuilt into one float kv_b_proj weight
-  skip        the multi-token-prediction block (not used yet), indexer weights of a layer that shares the previous
-              full layer's top-k (GLM-5.2: vLLM builds no indexer there), and tensors GLM-5 does not use
+  skip        in the target model: the multi-token-prediction block (vLLM's MTP draft loads it), indexer weights of
+              a layer that shares the previous full layer's top-k (GLM-5.2: vLLM builds no indexer there), and
+              tensors GLM-5 does not use; in the MTP draft: everything outside its block, and the block's own
+              embedding / shared head (vLLM's proposer gives the draft the target's)
 
 Per tensor (`treatment`), from the tensor table's role and float_only flag and the tensor's type:
 
   float_only (norms, router, biases)   F32/F16/BF16 → float; anything else refused
   rebuild-kv_b                         any type the gguf package can dequantize → kv_b; else refused
-  force-float (indexer wk, proj)       F32/F16/BF16 → float; other dequantizable types → dequantize; else refused
+  force-float (indexer wk, proj,       F32/F16/BF16 → float; other dequantizable types → dequantize; else refused
+    the MTP block's eh_proj)
   experts                              a vLLM quant type → keep; F32/F16/BF16 → requantize (warned; rows must be
                                        whole Q8_0 blocks); else refused
-  normal                               F32/F16/BF16 → float; a vLLM quant type → keep; another dequantizable type
+  normal (and from-target)             F32/F16/BF16 → float; a vLLM quant type → keep; another dequantizable type
                                        → dequantize (warned, with its cost); else refused
 
 Across tensors (`settle_groups`), on the tensors the loader loads: a fused group (TensorSpec.fused_group) that would
@@ -43,7 +46,8 @@ from typing import Any, Iterable
 import gguf
 
 from .dequant import VLLM_DEQUANT_TYPES, VLLM_UNQUANTIZED_TYPES, can_dequantize, is_float_type
-from .tensor_map import ROLE_EXPERTS, ROLE_FORCE_FLOAT, ROLE_MTP, ROLE_REBUILD_KV_B, ROLE_SHARED_INDEXER, TensorSpec
+from .tensor_map import ROLE_EXPERTS, ROLE_FORCE_FLOAT, ROLE_FROM_TARGET, ROLE_MTP, ROLE_REBUILD_KV_B, \
+    ROLE_SHARED_INDEXER, TensorSpec
 
 KEEP, FLOAT, DEQUANTIZE, REQUANTIZE, KV_B, SKIP = "keep", "float", "dequantize", "requantize", "kv_b", "skip"
 ACTIONS = (KEEP, FLOAT, DEQUANTIZE, REQUANTIZE, KV_B, SKIP)
@@ -79,10 +83,17 @@ class GroupNote:
     refused: bool = False
 
 
-def skip_reason(spec: TensorSpec) -> str | None:
-    """Why the loader skips this tensor of the table whatever its type; None when it loads it."""
+def skip_reason(spec: TensorSpec, *, draft: bool = False) -> str | None:
+    """Why the loader skips this tensor of the table whatever its type; None when it loads it.  draft: the loader
+    is loading vLLM's MTP draft (DeepSeekMTP) rather than the target model."""
+    if draft:
+        if spec.role != ROLE_MTP:
+            return "the target model's tensor (the MTP draft holds only its own block)"
+        if spec.base_role == ROLE_FROM_TARGET:
+            return "vLLM's MTP proposer gives the draft the target model's embedding and lm_head"
+        return None
     if spec.role == ROLE_MTP:
-        return "MTP block"
+        return "MTP block (loaded by the MTP draft: --speculative-config method mtp)"
     if spec.role == ROLE_SHARED_INDEXER:
         return "shared-indexer layer: reuses the previous full layer's top-k"
     return None

@@ -6,8 +6,9 @@ Levels:
   error    the file is malformed, is not GLM-5, or holds something vLLM 0.23 cannot run (an MTP-only file, llama.cpp's
            `convert_hf_to_gguf.py --mtp`, is one error line saying so)
   warning  the loader has to work around it (or it is harmless): mixed fused groups, differing gate/up
-           expert types, float routed experts, problems confined to the skipped MTP block (one line when the
-           metadata declares it but none of its tensors is there), stray tensors
+           expert types, float routed experts, problems confined to the MTP block, which the target model skips
+           (they stop only an MTP draft: glm5_shim.gguf.load_plan.mtp_draft_problem; one line when the metadata
+           declares the block but none of its tensors is there), stray tensors
 
 Which types a tensor may have, and which of them the loader works around, is glm5_shim.gguf.type_policy's: the
 same rules the load plan applies (the cross-tensor ones are read off the plan itself).
@@ -144,8 +145,9 @@ def _mtp_only_finding(model: GGUFModel, config: dict) -> Finding | None:
         return None
     blocks = " ".join(f"blk.{layer}" for layer in mtp)
     return Finding(ERROR, f"{model.path}: this is an MTP-only GGUF (llama.cpp convert --mtp: only the nextn block "
-                          f"{blocks} and the embeddings); serve the main model file, MTP drafts are not supported "
-                          f"yet", key=f"{model.architecture}.nextn_predict_layers")
+                          f"{blocks} and the embeddings); serve the main model file, MTP drafts come from a file that "
+                          f"holds its MTP layer with the trunk (--speculative-config method mtp), not from a "
+                          f"separate --mtp file", key=f"{model.architecture}.nextn_predict_layers")
 
 
 def _without_mtp_block(model: GGUFModel, tensor_map: TensorMap, findings: list[Finding]) -> list[Finding]:
@@ -163,7 +165,7 @@ def _without_mtp_block(model: GGUFModel, tensor_map: TensorMap, findings: list[F
     key = f"{model.architecture}.nextn_predict_layers"
     note = Finding(WARNING, f"{model.path}: metadata key {key} is {config['num_nextn_predict_layers']} but the "
                             f"multi-token-prediction block {blocks} has no tensors here (a trunk-only file, e.g. "
-                            f"stripped of its MTP draft); the loader skips that block anyway", key=key)
+                            f"stripped of its MTP draft); the model serves without MTP speculative decoding", key=key)
     return [note] + [f for f in findings if f not in absent]
 
 
@@ -193,7 +195,7 @@ def _tensor_findings(model: GGUFModel, info, spec) -> list[Finding]:
 
     decided = treatment(spec, info)
     if decided.refused:
-        # The MTP block is skipped by the loader today, so type problems there do not stop serving.
+        # The target model skips the MTP block, so type problems there stop only an MTP draft (mtp_draft_problem).
         out.append(Finding(WARNING if spec.is_mtp else ERROR, f"{where}: {decided.reason}", tensor=info.name))
     elif decided.warn:
         out.append(Finding(WARNING, f"{where}: {decided.reason}", tensor=info.name))

@@ -108,10 +108,15 @@ _FILLED_BY_VLLM = ("rotary_emb.", "_k_scale", "_v_scale", "_q_scale", "_prob_sca
                    ".q_scale")
 
 
-def unloaded_parameters(model: torch.nn.Module, loaded: set[str] | None) -> list[str]:
-    """Parameters still uninitialised, or never written by the loader (when the loaded set is known)."""
+def unloaded_parameters(model: torch.nn.Module, loaded: set[str] | None,
+                        filled_elsewhere: tuple[str, ...] = ()) -> list[str]:
+    """Parameters still uninitialised, or never written by the loader (when the loaded set is known).
+    filled_elsewhere: name fragments of parameters something other than the checkpoint fills (the MTP draft's
+    embedding and shared head, which vLLM's proposer takes from the target model)."""
     bad = []
     for name, param in model.named_parameters():
+        if any(fragment in name for fragment in filled_elsewhere):
+            continue
         if isinstance(param, torch.nn.parameter.UninitializedParameter):
             # vLLM's fused GGUF linears collect their shards in data_container and materialise the parameter
             # in process_weights_after_loading; filled containers are loaded.
@@ -122,8 +127,9 @@ def unloaded_parameters(model: torch.nn.Module, loaded: set[str] | None) -> list
     return bad
 
 
-def check_all_loaded(model: torch.nn.Module, loaded: set[str] | None, source: str | os.PathLike) -> None:
-    bad = unloaded_parameters(model, loaded)
+def check_all_loaded(model: torch.nn.Module, loaded: set[str] | None, source: str | os.PathLike,
+                     filled_elsewhere: tuple[str, ...] = ()) -> None:
+    bad = unloaded_parameters(model, loaded, filled_elsewhere)
     if bad:
         shown = ", ".join(bad[:5]) + (f" (and {len(bad) - 5} more)" if len(bad) > 5 else "")
         raise RuntimeError(f"{source}: {len(bad)} model parameter(s) were not loaded from the GGUF, "

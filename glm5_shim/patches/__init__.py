@@ -8,11 +8,13 @@ import importlib
 PATCH_MODULES = (
     "speculators",
     "gguf_config",
+    "mtp_draft",
     "dtype_gate",
     "gguf_loader",
     "gguf_shard_order",
     "gguf_kernels",
     "shared_indexer",
+    "mtp_fp16",
     "tp_split_check",
     "attention_selector",
     "indexer",

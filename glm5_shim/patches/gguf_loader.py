@@ -6,11 +6,18 @@ model whose hf_config.model_type is ``glm_moe_dsa`` the replacement loads throug
 rebuilt from attn_k_b/attn_v_b, indexer wk/weights_proj are dequantized, fused groups are made homogeneous,
 gate/up experts of different types are fixed, the MTP block is skipped with one log line, tied embeddings are
 decided over all shards, and after loading any parameter left uninitialised is an error that names it.
+vLLM's MTP draft of a glm-dsa GGUF (hf_config.model_type ``deepseek_mtp``, what SpeculativeConfig makes of a
+glm_moe_dsa config) loads through the draft's plan: the MTP block blk.{num_hidden_layers} only, under the names
+DeepSeekMTP.load_weights consumes; its embedding and shared head are left to vLLM's proposer, which gives it the
+target's.  vLLM's own GGUF load_model builds a draft with the target's architecture (it does not pass the draft's
+model_config to initialize_model); the replacement passes it.
 Every other model goes through vLLM's code unchanged.
 """
 from __future__ import annotations
 
-from glm5_shim.names import HF_MODEL_TYPE as GLM_MODEL_TYPE
+import inspect
+
+from glm5_shim.names import HF_MODEL_TYPE as GLM_MODEL_TYPE, HF_MTP_MODEL_TYPE
 from glm5_shim.registry import Patch, require, require_attr, require_params
 
 
@@ -23,10 +30,21 @@ def _check(module) -> None:
     require_attr(cls, "_prepare_weights", "GGUFModelLoader")
     for name in ("initialize_model", "process_weights_after_loading", "set_default_torch_dtype"):
         require(callable(getattr(module, name, None)), f"gguf_loader no longer imports {name}")
+    require("model_config" in inspect.signature(module.initialize_model).parameters,
+            "initialize_model no longer takes model_config (needed to build the MTP draft's own architecture)")
 
 
-def _is_glm(model_config) -> bool:
-    return getattr(getattr(model_config, "hf_config", None), "model_type", None) == GLM_MODEL_TYPE
+def _glm_model(model_config) -> str | None:
+    """"target" for GLM-5 itself, "draft" for vLLM's MTP draft of a glm-dsa GGUF, None for any other model."""
+    model_type = getattr(getattr(model_config, "hf_config", None), "model_type", None)
+    if model_type == GLM_MODEL_TYPE:
+        return "target"
+    if model_type == HF_MTP_MODEL_TYPE:
+        from glm5_shim.loading.hf_config import is_glm_dsa_gguf
+
+        if is_glm_dsa_gguf(model_config.model):
+            return "draft"
+    return None
 
 
 def _apply(module, patch: Patch) -> None:
@@ -35,30 +53,32 @@ def _apply(module, patch: Patch) -> None:
     original_load_weights = cls.load_weights
 
     def load_model(self, vllm_config, model_config, prefix: str = ""):
-        if not _is_glm(model_config):
+        which = _glm_model(model_config)
+        if which is None:
             return original_load_model(self, vllm_config, model_config, prefix)
         import torch
 
         from glm5_shim.loading.gguf_loading import load_plan_for, prepare_quant_config
 
-        plan = load_plan_for(self._prepare_weights(model_config))
-        if plan.tied_embeddings:
+        plan = load_plan_for(self._prepare_weights(model_config), draft=which == "draft")
+        if plan.tied_embeddings and which == "target":
             model_config.hf_config.update({"tie_word_embeddings": True})
         prepare_quant_config(vllm_config.quant_config, plan)
         target_device = torch.device(vllm_config.device_config.device)
         with module.set_default_torch_dtype(model_config.dtype):
             with target_device:
-                model = module.initialize_model(vllm_config=vllm_config, prefix=prefix)
+                model = module.initialize_model(vllm_config=vllm_config, prefix=prefix, model_config=model_config)
             self.load_weights(model, model_config)
             module.process_weights_after_loading(model, model_config, target_device)
         return model
 
     def load_weights(self, model, model_config) -> None:
-        if not _is_glm(model_config):
+        which = _glm_model(model_config)
+        if which is None:
             return original_load_weights(self, model, model_config)
         from glm5_shim.loading.gguf_loading import load_glm_weights
 
-        load_glm_weights(model, self._prepare_weights(model_config), self.load_config)
+        load_glm_weights(model, self._prepare_weights(model_config), self.load_config, draft=which == "draft")
 
     patch.replace(cls, "load_model", load_model)
     patch.replace(cls, "load_weights", load_weights)
@@ -70,8 +90,8 @@ PATCHES = [
         target="vllm.model_executor.model_loader.gguf_loader",
         replaces=("vllm.model_executor.model_loader.gguf_loader:GGUFModelLoader.load_model",
                   "vllm.model_executor.model_loader.gguf_loader:GGUFModelLoader.load_weights"),
-        summary="glm-dsa weights through an explicit plan (kv_b rebuild, float indexer, MTP skipped); "
-                "fails naming any parameter left unloaded",
+        summary="glm-dsa weights through an explicit plan (kv_b rebuild, float indexer; the MTP block only into "
+                "vLLM's MTP draft); fails naming any parameter left unloaded",
         check=_check,
         apply=_apply,
     )

@@ -206,7 +206,8 @@ def test_the_converters_glm52_files_validate(real52):
         assert [f.level for f in findings] == [ERROR]
         assert findings[0].message == (f"{mtp_only}: this is an MTP-only GGUF (llama.cpp convert --mtp: only the "
                                        f"nextn block blk.7 and the embeddings); serve the main model file, MTP "
-                                       f"drafts are not supported yet")
+                                       f"drafts come from a file that holds its MTP layer with the trunk "
+                                       f"(--speculative-config method mtp), not from a separate --mtp file")
         assert problem(str(mtp_only)) == findings[0].message  # launch.sh's one line, and the shim's in get_config
 
 

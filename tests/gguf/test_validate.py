@@ -238,7 +238,8 @@ def test_mtp_only_file_is_one_error(small):
     assert sorted({n.split(".")[1] for n in model.tensors if n.startswith("blk.")}) == ["2"]
     assert "blk.0.attn_norm.weight" not in model.tensors and model.metadata["glm-dsa.nextn_predict_layers"] == 1
     message = (f"{draft.path}: this is an MTP-only GGUF (llama.cpp convert --mtp: only the nextn block blk.2 and the "
-               f"embeddings); serve the main model file, MTP drafts are not supported yet")
+               f"embeddings); serve the main model file, MTP drafts come from a file that holds its MTP layer with "
+               f"the trunk (--speculative-config method mtp), not from a separate --mtp file")
     findings = validate(draft.path)
     assert [(f.level, f.message) for f in findings] == [(ERROR, message)]
     with pytest.raises(GGUFError) as exc_info:

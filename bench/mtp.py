@@ -1,0 +1,245 @@
+"""MTP speculative decoding end to end on a GPU (issue #17): a tiny GLM-5 GGUF served with its own MTP layer as the
+draft (`--speculative-config '{"method": "mtp", "num_speculative_tokens": K}'`), through launch.sh.
+
+    python bench/mtp.py run --out DIR [--k 1,2] [--paths shim,native] [--dtype float16] [--quant Q8_0] [--tp 1]
+    python bench/mtp.py report DIR       rewrite DIR/mtp.md from DIR/mtp.json
+
+Models (make-tiny, the e2e shape, reference = what the GGUF stores):
+    peaked-mtp   --peaked-mtp: the MTP layer drafts the peaked model's next token (the float32 reference accepts
+                 every draft: glm5_shim.gguf.fixture.weights._mtp_follows_bigram)
+    peaked       --peaked: the same trunk with a random MTP layer (the reference accepts almost none): the control
+                 that shows acceptance is measured, not assumed
+An arm is a path (shim: GLM5_SHIM_ATTENTION=triton GLM5_SHIM_INDEXER=triton, the code SM120 runs; native: vLLM's
+own choice) x K: peaked-mtp at K=0 (no --speculative-config) and every --k, peaked at K=1.  Every arm: greedy
+completions (token ids) of the prompts, and vLLM's spec-decode counters from /metrics (drafts, draft tokens,
+accepted tokens, accepted per position).  All servers run at once, each with a 1 GiB KV pool.
+DIR/mtp.md, one line per check:
+  * an MTP arm's greedy tokens equal those of peaked-mtp at K=0 on its path (the two models share the trunk;
+    speculative decoding must not change greedy output; a first difference at a near-tie of the K=0 arm's top two
+    counts as equal, as in bench/e2e.py);
+  * acceptance = accepted / draft tokens; for K=1 against the float32 reference's on the arm's own tokens
+    (draft_acceptance): peaked-mtp near 1, peaked near 0;
+  * the seconds per output token with and without the draft (a tiny model: overhead-bound, for information).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+_BENCH = Path(__file__).resolve().parent
+if str(_BENCH.parent) not in sys.path:
+    sys.path.insert(0, str(_BENCH.parent))
+if str(_BENCH) not in sys.path:
+    sys.path.append(str(_BENCH))
+
+from e2e_parts.arms import MODEL_ARGS, Arm  # noqa: E402
+from e2e_parts.functional import NEAR_TIE, common_prefix, top2_gap  # noqa: E402
+from e2e_parts.prompts import words  # noqa: E402
+
+SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+                 "vllm:spec_decode_num_accepted_tokens")
+PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
+GEN_TOKENS = 64
+
+
+def prompts() -> dict[str, str]:
+    """Below index_topk (128) and above it; short enough for the NumPy reference."""
+    return {"short": "Hello, my name is", "below_topk": words(40, 1), "sparse_300": words(230, 2)}
+
+
+def speculative_config(k: int) -> str:
+    return json.dumps({"method": "mtp", "num_speculative_tokens": k})
+
+
+def parse_spec_metrics(text: str) -> dict:
+    """vLLM's spec-decode counters from a /metrics page (Prometheus text): {"drafts", "draft_tokens", "accepted",
+    "per_position": {position: accepted}}, summed over engines."""
+    out = {"drafts": 0.0, "draft_tokens": 0.0, "accepted": 0.0, "per_position": {}}
+    keys = dict(zip(SPEC_COUNTERS, ("drafts", "draft_tokens", "accepted")))
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        match = re.match(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)", line)
+        if not match:
+            continue
+        name, labels, value = match.group(1), match.group(2) or "", float(match.group(3))
+        name = name.removesuffix("_total")
+        if name in keys:
+            out[keys[name]] += value
+        elif name == PER_POSITION:
+            pos = re.search(r'position="(\d+)"', labels)
+            if pos:
+                out["per_position"][int(pos.group(1))] = out["per_position"].get(int(pos.group(1)), 0.0) + value
+    return out
+
+
+def metrics_delta(before: dict, after: dict) -> dict:
+    delta = {k: after[k] - before[k] for k in ("drafts", "draft_tokens", "accepted")}
+    delta["per_position"] = {p: v - before["per_position"].get(p, 0.0) for p, v in after["per_position"].items()}
+    delta["acceptance"] = delta["accepted"] / delta["draft_tokens"] if delta["draft_tokens"] else None
+    return delta
+
+
+def same_greedy(spec: dict, plain: dict) -> bool:
+    """Equal tokens, or a first difference where the plain arm's top two were within NEAR_TIE."""
+    n = common_prefix(spec["ids"], plain["ids"])
+    return n == len(plain["ids"]) or (n < len(plain["top"]) and top2_gap(plain["top"][n]) < NEAR_TIE)
+
+
+def arm_name(model: str, path: str, k: int) -> str:
+    return f"{model}-{path}-k{k}"
+
+
+def all_arms(paths: list[str], ks: list[int]) -> list[Arm]:
+    arms = []
+    for path in paths:
+        for model, model_ks in (("peaked-mtp", [0] + ks), ("peaked", [1])):
+            for k in model_ks:
+                arm = Arm(arm_name(model, path, k), model, "auto", path)  # Arm.quant names the model here
+                arm.k = k
+                arms.append(arm)
+    return arms
+
+
+def summarize(results: dict) -> list[tuple[str, bool | None, str]]:
+    """(check, passed or None for information, detail) per line of DIR/mtp.md."""
+    lines = []
+    arms = results["arms"]
+    for name, arm in sorted(arms.items()):
+        if arm.get("error"):
+            lines.append((f"{name} served", False, arm["error"][:300]))
+            continue
+        if arm["k"] == 0:
+            continue
+        plain = arms.get(arm_name("peaked-mtp", arm["path"], 0), {})  # the same trunk
+        if "greedy" in plain:
+            same = all(same_greedy(arm["greedy"][p], plain["greedy"][p]) for p in arm["greedy"])
+            lines.append((f"{name}: greedy tokens equal the K=0 server's", same, ""))
+            per_token = arm["seconds_per_token"] / plain["seconds_per_token"] if plain.get("seconds_per_token") else 0
+            lines.append((f"{name}: seconds per output token vs K=0", None, f"x{per_token:.2f}"))
+        m = arm["metrics"]
+        detail = (f"acceptance {m['acceptance']:.3f} ({m['accepted']:.0f}/{m['draft_tokens']:.0f}; per position "
+                  + ", ".join(f"{p}: {v / m['drafts']:.3f}" for p, v in sorted(m["per_position"].items()))
+                  + ")") if m["acceptance"] is not None and m["drafts"] else "no drafts counted"
+        if arm["k"] == 1 and "reference_acceptance" in arm:
+            ref = arm["reference_acceptance"]
+            detail += f"; float32 reference on these tokens {ref:.3f}"
+            ok = m["acceptance"] is not None and (abs(m["acceptance"] - ref) <= 0.1 if arm["model"] == "peaked-mtp"
+                                                  else m["acceptance"] <= ref + 0.1)
+            lines.append((f"{name}: acceptance as the reference's", ok, detail))
+        else:
+            expected = m["acceptance"] is not None and (m["acceptance"] >= 0.8 if arm["model"] == "peaked-mtp"
+                                                        else m["acceptance"] <= 0.2)
+            lines.append((f"{name}: acceptance {'high' if arm['model'] == 'peaked-mtp' else 'low'}", expected,
+                          detail))
+    return lines
+
+
+def report(results: dict) -> str:
+    rows = [f"# MTP speculative decoding ({results.get('date', '')}, {results.get('gpu', '')})", "",
+            f"command: `{results.get('command', '')}`", "", "| check | result | detail |", "|---|---|---|"]
+    for check, ok, detail in summarize(results):
+        rows.append(f"| {check} | {'-' if ok is None else 'PASS' if ok else 'FAIL'} | {detail} |")
+    return "\n".join(rows) + "\n"
+
+
+def _greedy(arm: Arm, prompt: str) -> dict:
+    from e2e_parts.functional import greedy
+
+    return greedy(arm, prompt, max_tokens=GEN_TOKENS)
+
+
+def run(args) -> int:
+    from e2e_parts.run import gpu_name
+    from e2e_parts.servers import start, stop, wait_ready
+    from glm5_shim.gguf.fixture import PEAKED, PEAKED_MTP, draft_acceptance, make_tiny, reference_dir
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ks = [int(k) for k in args.k.split(",")]
+    arms = all_arms(args.paths.split(","), ks)
+    results = {"date": time.strftime("%Y-%m-%d %H:%M"), "gpu": gpu_name(), "command": " ".join(sys.argv),
+               "tp": args.tp, "dtype": args.dtype or "auto", "arms": {}}
+    model_args = dict(MODEL_ARGS)
+    if args.tp > 1:  # every down projection must split into whole Q4_K blocks on every rank (as bench/e2e.py)
+        model_args.update(intermediate=max(512, 256 * args.tp), moe_intermediate=256 * args.tp)
+    models = {}
+    for model, extra in (("peaked-mtp", PEAKED_MTP), ("peaked", PEAKED)):
+        path = out / "models" / f"tiny-{model}-{args.quant}.gguf"
+        make_tiny(path, quant=args.quant, reference="dequantized", **{**model_args, **extra})
+        models[model] = str(path)
+    results["models"] = models
+    save = lambda: (out / "mtp.json").write_text(json.dumps(results, indent=1))  # noqa: E731
+    for i, arm in enumerate(arms):
+        arm.port = args.base_port + i
+        start(arm, models, out, args.tp, args.dtype, ("--speculative-config", speculative_config(arm.k)) if arm.k
+              else ())
+    try:
+        for arm in arms:
+            entry = results["arms"][arm.name] = {"model": arm.quant, "path": arm.path, "k": arm.k}
+            try:
+                wait_ready(arm, args.start_timeout)
+                before = parse_spec_metrics(_metrics(arm))
+                t0 = time.time()
+                entry["greedy"] = {name: _greedy(arm, text) for name, text in prompts().items()}
+                n_tokens = sum(len(g["ids"]) for g in entry["greedy"].values())
+                entry["seconds_per_token"] = (time.time() - t0) / max(n_tokens, 1)
+                entry["metrics"] = metrics_delta(before, parse_spec_metrics(_metrics(arm)))
+            except Exception as exc:  # noqa: BLE001 - one broken arm must not hide the others
+                entry["error"] = f"{type(exc).__name__}: {exc}"
+            save()
+    finally:
+        for arm in arms:
+            stop(arm)
+    for name, entry in results["arms"].items():
+        if entry.get("k") == 1 and "greedy" in entry:
+            ref_dir = reference_dir(models[entry["model"]])
+            accepted = [a for g in entry["greedy"].values()
+                        for a in draft_acceptance(ref_dir, g["prompt_ids"] + g["ids"], len(g["prompt_ids"]))]
+            entry["reference_acceptance"] = sum(accepted) / len(accepted) if accepted else None
+    save()
+    text = report(results)
+    (out / "mtp.md").write_text(text)
+    print(text)
+    return 0 if all(ok is not False for _, ok, _ in summarize(results)) else 1
+
+
+def _metrics(arm: Arm) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(arm.base + "/metrics", timeout=30) as resp:
+        return resp.read().decode()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--out", required=True)
+    r.add_argument("--k", default="1,2", help="num_speculative_tokens values, comma-separated (K=0 always runs)")
+    r.add_argument("--paths", default="shim,native", help="shim (the SM120 code path forced), native, or both")
+    r.add_argument("--quant", default="Q8_0", choices=["Q8_0", "Q4_K", "F16", "BF16"])
+    r.add_argument("--dtype", default="", choices=["", "auto", "float16", "bfloat16"])
+    r.add_argument("--tp", type=int, default=1)
+    r.add_argument("--base-port", type=int, default=8300)
+    r.add_argument("--start-timeout", type=float, default=600)
+    rep = sub.add_parser("report")
+    rep.add_argument("dir")
+    args = p.parse_args(argv)
+    if args.cmd == "report":
+        results = json.loads((Path(args.dir) / "mtp.json").read_text())
+        text = report(results)
+        (Path(args.dir) / "mtp.md").write_text(text)
+        print(text)
+        return 0
+    if MODEL_ARGS["heads"] % args.tp:
+        p.error(f"--tp {args.tp} does not divide the tiny model's {MODEL_ARGS['heads']} heads")
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""bench/mtp.py without a GPU: vLLM's own spec-decode counters (its SpecDecodingProm, exported by prometheus_client as
+`vllm serve` exports them) parsed into acceptance, and the checks the report draws from a run's results."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import REPO, bench_module, child_env, last_json, run_python, script
+
+mtp = bench_module("mtp")
+
+
+def test_vllms_own_counters_parse_into_acceptance():
+    """Two engines, K=2: drafts 5 + 3, 10 + 6 draft tokens, accepted 7 + 2 (per position 4 / 3 and 2 / 0)."""
+    proc = run_python(script("""
+        import json
+        import prometheus_client
+        from types import SimpleNamespace
+        from vllm.v1.spec_decode.metrics import SpecDecodingProm, SpecDecodingStats
+
+        prom = SpecDecodingProm(SimpleNamespace(num_speculative_tokens=2), ["model_name", "engine"],
+                                {0: ["tiny.gguf", "0"], 1: ["tiny.gguf", "1"]})
+        for engine, drafts in ((0, [(2, 2), (2, 2), (2, 1), (2, 1), (2, 1)]), (1, [(2, 1), (2, 1), (2, 0)])):
+            stats = SpecDecodingStats.new(2)
+            for draft_tokens, accepted in drafts:
+                stats.observe_draft(draft_tokens, accepted)
+            prom.observe(stats, engine)
+        print(json.dumps({"text": prometheus_client.generate_latest().decode()}))
+    """))
+    text = last_json(proc)["text"]
+    parsed = mtp.parse_spec_metrics(text)
+    assert parsed == {"drafts": 8.0, "draft_tokens": 16.0, "accepted": 9.0, "per_position": {0: 7.0, 1: 2.0}}
+    delta = mtp.metrics_delta(mtp.parse_spec_metrics(""), parsed)
+    assert delta["acceptance"] == 9 / 16 and delta["per_position"] == {0: 7.0, 1: 2.0}
+
+
+def _arm(model, path, k, ids, tops=None, metrics=None, **extra):
+    greedy = {"p": {"prompt_ids": [1, 2], "ids": ids, "top": tops or [{"1": -0.1, "2": -5.0}] * len(ids)}}
+    entry = {"model": model, "path": path, "k": k, "greedy": greedy, "seconds_per_token": 0.01}
+    if metrics is not None:
+        entry["metrics"] = metrics
+    entry.update(extra)
+    return entry
+
+
+def _metrics(accepted, drafted, drafts=None):
+    drafts = drafts if drafts is not None else drafted
+    return {"drafts": drafts, "draft_tokens": drafted, "accepted": accepted, "per_position": {0: accepted},
+            "acceptance": accepted / drafted if drafted else None}
+
+
+def test_the_report_checks_equal_greedy_tokens_and_acceptance_against_the_reference():
+    results = {"arms": {
+        "peaked-mtp-shim-k0": _arm("peaked-mtp", "shim", 0, [5, 6, 7, 8]),
+        "peaked-mtp-shim-k1": _arm("peaked-mtp", "shim", 1, [5, 6, 7, 8], metrics=_metrics(19, 20),
+                                   reference_acceptance=1.0),
+        "peaked-mtp-shim-k2": _arm("peaked-mtp", "shim", 2, [5, 6, 9, 9], metrics=_metrics(30, 40, 20)),
+        "peaked-shim-k1": _arm("peaked", "shim", 1, [5, 6, 7, 8], metrics=_metrics(1, 20), reference_acceptance=0.0),
+    }}
+    lines = {check: (ok, detail) for check, ok, detail in mtp.summarize(results)}
+    assert lines["peaked-mtp-shim-k1: greedy tokens equal the K=0 server's"][0] is True
+    assert lines["peaked-mtp-shim-k2: greedy tokens equal the K=0 server's"][0] is False  # differs, no near-tie
+    ok, detail = lines["peaked-mtp-shim-k1: acceptance as the reference's"]
+    assert ok and "acceptance 0.950 (19/20" in detail and "float32 reference on these tokens 1.000" in detail
+    assert lines["peaked-shim-k1: acceptance as the reference's"][0] is True  # 0.05 <= 0.0 + 0.1
+    assert lines["peaked-mtp-shim-k2: acceptance high"][0] is False  # 0.75 < 0.8
+    md = mtp.report(results)
+    assert "| peaked-mtp-shim-k2: greedy tokens equal the K=0 server's | FAIL |" in md
+    # a near-tie at the first difference counts as the same answer
+    results["arms"]["peaked-mtp-shim-k0"]["greedy"]["p"]["top"][2] = {"7": -0.70, "9": -0.71}
+    assert dict((c, ok) for c, ok, _ in mtp.summarize(results))[
+        "peaked-mtp-shim-k2: greedy tokens equal the K=0 server's"]
+
+
+def test_arms_and_a_server_that_failed():
+    names = [a.name for a in mtp.all_arms(["shim", "native"], [1, 3])]
+    assert names == ["peaked-mtp-shim-k0", "peaked-mtp-shim-k1", "peaked-mtp-shim-k3", "peaked-shim-k1",
+                     "peaked-mtp-native-k0", "peaked-mtp-native-k1", "peaked-mtp-native-k3", "peaked-native-k1"]
+    results = {"arms": {"peaked-shim-k1": {"model": "peaked", "path": "shim", "k": 1, "error": "RuntimeError: x"}}}
+    assert mtp.summarize(results) == [("peaked-shim-k1 served", False, "RuntimeError: x")]
+    assert json.loads(mtp.speculative_config(3)) == {"method": "mtp", "num_speculative_tokens": 3}
+
+
+@pytest.mark.parametrize("args, message", [(["run", "--out", "x", "--tp", "3"], "does not divide"),
+                                           (["run", "--out", "x", "--quant", "Q2_K"], "invalid choice")])
+def test_bad_options_are_refused_before_any_model(tmp_path, args, message):
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "mtp.py"), *args], capture_output=True, text=True,
+                          timeout=300, env=child_env(), cwd=tmp_path)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
+    assert not any(tmp_path.iterdir())
