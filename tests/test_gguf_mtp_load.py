@@ -27,6 +27,8 @@ GOOD = {
     "Q4_K_M": {"preset": "Q4_K_M", "quant": "Q4_K"},
     "BF16": {"quant": "BF16"},  # float fused groups: DeepSeekMTP has no packed_modules_mapping of its own
     "Q4_K-peaked-mtp": {"quant": "Q4_K", **PEAKED_MTP},
+    # GLM-5.2: shared-indexer trunk layers; the MTP layer (past the indexer types' trunk layers) runs its own
+    "glm52-Q8_0": {"quant": "Q8_0", "layers": 7, "indexer_types": "glm52"},
 }
 # files that cannot serve the draft → fragments of the one line
 BAD = {
@@ -46,7 +48,7 @@ BAD = {
 @pytest.fixture(scope="module")
 def mtp_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm-mtp")
-    paths = {case: make_tiny(root / f"tiny-{case}.gguf", layers=2, **kw)[0] for case, kw in GOOD.items()}
+    paths = {case: make_tiny(root / f"tiny-{case}.gguf", **{"layers": 2, **kw})[0] for case, kw in GOOD.items()}
     paths.update({case: make_tiny(root / f"tiny-{case}.gguf", layers=2, **kw)[0] for case, (kw, _) in BAD.items()})
     out = root / "out"
     results = load_mtp_in_cpu_harness(out, list(paths.values()))
@@ -58,7 +60,8 @@ def test_the_draft_config_is_vllms_deepseek_mtp_of_the_same_file(mtp_run, case):
     result, _, path = mtp_run[case]
     assert result["ok"], result
     assert result["draft_config"] == {"model_type": "deepseek_mtp", "architectures": ["DeepSeekMTPModel"],
-                                      "n_predict": 1, "num_nextn_predict_layers": 1, "num_hidden_layers": 2,
+                                      "n_predict": 1, "num_nextn_predict_layers": 1,
+                                      "num_hidden_layers": GOOD[case].get("layers", 2),
                                       "method": "mtp", "num_speculative_tokens": 1, "quantization": "gguf",
                                       "model": str(path)}
     assert result["draft_class"] == "DeepSeekMTP"
@@ -66,7 +69,7 @@ def test_the_draft_config_is_vllms_deepseek_mtp_of_the_same_file(mtp_run, case):
 
 @pytest.mark.parametrize("case", list(GOOD))
 def test_every_mtp_tensor_lands_in_a_draft_parameter(mtp_run, case):
-    """Every parameter of vLLM's DeepSeekMTP holds the reference's MTP block (layer 2 of a 2-layer model) within its
+    """Every parameter of vLLM's DeepSeekMTP holds the reference's MTP block (layer num_hidden_layers) within its
     type's bound; the only ones the GGUF does not fill are the embedding and the shared head, which the proposer
     replaces with the target's (and does)."""
     result, npz, path = mtp_run[case]
