@@ -30,6 +30,7 @@ import triton  # noqa: E402
 import triton.testing  # noqa: E402
 
 from glm5_shim.kernels import gguf_matmul as gm  # noqa: E402
+from glm5_shim.kernels import gguf_matmul_reference as ref  # noqa: E402
 
 TYPES = {"Q4_K": gm.Q4_K, "Q6_K": gm.Q6_K, "Q5_K": gm.Q5_K, "Q8_0": gm.Q8_0}
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096)
@@ -52,15 +53,8 @@ DENSE_TP8 = {
 
 
 def random_blocks_cuda(qtype: int, shape: tuple[int, ...], k: int, gen: torch.Generator) -> torch.Tensor:
-    """Random valid GGUF blocks on the GPU (finite fp16 scales ~1e-3): [*shape, row bytes] uint8."""
-    values, nbytes = gm.block_bytes(qtype)
-    nblocks = k // values
-    raw = torch.randint(0, 256, (*shape, nblocks, nbytes), dtype=torch.uint8, device="cuda", generator=gen)
-    fields = {gm.Q8_0: (0,), gm.Q4_K: (0, 2), gm.Q5_K: (0, 2), gm.Q6_K: (208,)}[qtype]
-    for off in fields:
-        s = (torch.rand(*shape, nblocks, device="cuda", generator=gen) + 0.5) * 1e-3
-        raw[..., off:off + 2] = s.to(torch.float16).view(torch.uint8).view(*shape, nblocks, 2)
-    return raw.view(*shape, nblocks * nbytes)
+    """Random valid GGUF blocks on the GPU: [*shape, row bytes] uint8 (the tests' generator, on the GPU)."""
+    return ref.random_blocks(qtype, shape, k, gen)
 
 
 def copy_bandwidth() -> float:
@@ -237,7 +231,7 @@ def bench_sweep(bw, gen, rows):
             x = (torch.randn(t, HIDDEN, device="cuda", generator=gen) * 0.5).to(torch.bfloat16)
             floor = sum(int(i.unique().numel()) for i in ids) / cycle * expert_bytes / bw * 1e6
             for cfg in cfgs:
-                plan = gm.moe_plan(t, TOP_K, EXPERTS, sms, tuning=cfg)
+                plan = gm.moe_plan(t, TOP_K, EXPERTS, tuning=cfg)
                 try:
                     us_ = graph_us([lambda i=i, w=w: gm.gguf_moe(x, w13, w2, w, i, qt, qt, align=ALIGN, plan=plan)
                                     for i, w in zip(ids, wts)])

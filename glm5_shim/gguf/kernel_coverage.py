@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gguf
 
+from .dequant import is_float_type
+
 _T = gguf.GGMLQuantizationType
 # The order GLM-5 files use them most (Q4_K_M: Q4_K experts, Q6_K down/lm_head; Q8_0; Q5_K in _M mixes).
 SHIM_KERNEL_TYPES = (int(_T.Q4_K), int(_T.Q6_K), int(_T.Q5_K), int(_T.Q8_0))
@@ -25,6 +27,6 @@ def vllm_vector_kernel_rows(out_features: int) -> int:
 
 def kernel_path(ggml_type: int, k: int, enabled: bool = True) -> str:
     """'shim', 'vllm' (vLLM's ggml kernels) or 'float' (unquantized: a plain matmul)."""
-    if int(ggml_type) in (int(_T.F32), int(_T.F16), int(_T.BF16)):
+    if is_float_type(ggml_type):
         return "float"
     return "shim" if enabled and shim_kernel_covers(ggml_type, k) else "vllm"

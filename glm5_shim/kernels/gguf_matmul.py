@@ -29,14 +29,13 @@ import triton
 import triton.language as tl
 
 from glm5_shim.gguf.kernel_coverage import K_MULTIPLE, SHIM_KERNEL_TYPES as SUPPORTED_TYPES
+from glm5_shim.kernels.device import cuda_capability_and_sms
 
 Q8_0 = int(gguf.GGMLQuantizationType.Q8_0)
 Q4_K = int(gguf.GGMLQuantizationType.Q4_K)
 Q5_K = int(gguf.GGMLQuantizationType.Q5_K)
 Q6_K = int(gguf.GGMLQuantizationType.Q6_K)
 STEP_K = 128  # values of K each program decodes per step (half a K-quant super-block, four Q8_0 blocks)
-
-_TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
 
 def block_bytes(qtype: int) -> tuple[int, int]:
@@ -270,10 +269,13 @@ def _check_weight(w: torch.Tensor, qtype: int, k: int, what: str) -> None:
                          f"{row_bytes(qtype, k)} contiguous bytes for K={k}")
 
 
+CPU_NUM_SMS = 16  # what the plans assume in the interpreter
+
+
 def _num_sms(device: torch.device) -> int:
     if device.type != "cuda":
-        return 16
-    return torch.cuda.get_device_properties(device).multi_processor_count
+        return CPU_NUM_SMS
+    return cuda_capability_and_sms(device.index if device.index is not None else torch.cuda.current_device())[1]
 
 
 def _split(tiles: int, steps: int, num_sms: int, ctas_per_sm: int) -> tuple[int, int]:
@@ -341,7 +343,10 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int, n: int | Non
         for n0 in range(0, n, rows):
             n1 = min(n, n0 + rows)
             w = gguf_dequantize(qweight[n0:n1], qtype, k, x.dtype, out=scratch[: n1 - n0])
-            torch.matmul(x, w.T, out=out[:, n0:n1]) if n1 - n0 == n else out[:, n0:n1].copy_(x @ w.T)
+            if n1 - n0 == n:
+                torch.matmul(x, w.T, out=out)
+            else:  # a column slice of out is not contiguous: matmul cannot write it in place
+                out[:, n0:n1].copy_(x @ w.T)
         return out
     split = plan["split"]
     dst = out if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
@@ -383,7 +388,7 @@ def moe_align(topk_ids: torch.Tensor, block_m: int, num_experts: int):
 MOE_DECODE_MAX_ROWS_PER_EXPERT = 4  # up to here: split-K w13 then SiLU; above: fused gate/up tiles
 
 
-def moe_plan(num_tokens: int, top_k: int, num_experts: int, num_sms: int, tuning: dict | None = None) -> dict:
+def moe_plan(num_tokens: int, top_k: int, num_experts: int, tuning: dict | None = None) -> dict:
     """Launch plan of :func:`gguf_moe`.  While experts see a few rows each (decode) the w13 pass is split over K
     like a decode linear (SiLU applied after the split sum); once experts are shared by many tokens, 16-row
     blocks waste the MMAs, so rows come in larger blocks and gate/up are fused with SiLU in one tile."""
@@ -414,7 +419,7 @@ def gguf_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights:
     if t == 0:
         return out
     num_sms = _num_sms(x.device)
-    plan = plan or moe_plan(t, top_k, e, num_sms)
+    plan = plan or moe_plan(t, top_k, e)
     bm = plan["BLOCK_M"]
     sorted_ids, expert_ids, num_padded = (align or moe_align)(topk_ids, bm, e)
     x = x if x.stride(-1) == 1 else x.contiguous()
@@ -480,7 +485,7 @@ def kernel_configs() -> list[dict]:
         cfgs.append(dict(name=f"dequant q{qt}", kernel=_dequant_kernel, signature=_DEQUANT_SIG,
                          constexprs=dict(QTYPE=qt, BLOCK_N=32), num_warps=4, num_stages=3,
                          divisible_by_16=("w_ptr", "out_ptr", "stride_on")))
-        plans = [moe_plan(1, 8, 256, 132), moe_plan(64, 8, 256, 132), moe_plan(4096, 8, 256, 132)]
+        plans = [moe_plan(1, 8, 256), moe_plan(64, 8, 256), moe_plan(4096, 8, 256)]
         for p in plans:
             variants = [(p["BLOCK_N"], p["fused_gate"], False), (p["BLOCK_N_W2"], False, True)]
             for bn, gated, weighted in variants:

@@ -12,10 +12,10 @@ import numpy as np
 import torch
 
 from glm5_shim.gguf import kquants
+from glm5_shim.gguf.slice.blocks import SCALE_FIELDS
 from glm5_shim.kernels.gguf_matmul import Q4_K, Q5_K, Q6_K, Q8_0, block_bytes
 
-# byte offsets of the fp16 fields of one block, and the size their values are drawn around (weights ~ 1e-2)
-_F16_FIELDS = {Q8_0: (0,), Q4_K: (0, 2), Q5_K: (0, 2), Q6_K: (208,)}
+# the size the fp16 scale fields are drawn around (weights ~ 1e-2); their offsets are slice/blocks.SCALE_FIELDS
 _F16_SCALE = {Q8_0: 1e-3, Q4_K: 1e-3, Q5_K: 5e-4, Q6_K: 5e-4}
 _QUANTIZERS = {Q4_K: kquants.quantize_q4_k, Q5_K: kquants.quantize_q5_k, Q6_K: kquants.quantize_q6_k}
 
@@ -28,15 +28,17 @@ def dequantize(qweight: torch.Tensor, qtype: int, k: int) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(deq, dtype=np.float64))
 
 
-def random_blocks(qtype: int, rows: int, k: int, generator: torch.Generator) -> torch.Tensor:
-    """[rows, row bytes] uint8 of random valid blocks (finite positive fp16 scales)."""
+def random_blocks(qtype: int, rows: int | tuple[int, ...], k: int, generator: torch.Generator) -> torch.Tensor:
+    """[*rows, row bytes] uint8 of random valid blocks (finite positive fp16 scales), on the generator's device."""
     values, nbytes = block_bytes(qtype)
+    shape = (rows,) if isinstance(rows, int) else tuple(rows)
     nblocks = k // values
-    raw = torch.randint(0, 256, (rows, nblocks, nbytes), dtype=torch.uint8, generator=generator)
-    for off in _F16_FIELDS[qtype]:
-        scale = (torch.rand(rows, nblocks, generator=generator) + 0.5) * _F16_SCALE[qtype]
-        raw[:, :, off:off + 2] = scale.to(torch.float16).view(torch.uint8).view(rows, nblocks, 2)
-    return raw.view(rows, nblocks * nbytes)
+    device = generator.device
+    raw = torch.randint(0, 256, (*shape, nblocks, nbytes), dtype=torch.uint8, generator=generator, device=device)
+    for off, _role in SCALE_FIELDS[gguf.GGMLQuantizationType(qtype).name]:
+        scale = (torch.rand(*shape, nblocks, generator=generator, device=device) + 0.5) * _F16_SCALE[qtype]
+        raw[..., off:off + 2] = scale.to(torch.float16).view(torch.uint8).view(*shape, nblocks, 2)
+    return raw.view(*shape, nblocks * nbytes)
 
 
 def quantized_blocks(qtype: int, weight: torch.Tensor) -> torch.Tensor:
