@@ -17,6 +17,15 @@ def shim_kernel_covers(ggml_type: int, k: int) -> bool:
     return int(ggml_type) in SHIM_KERNEL_TYPES and k % K_MULTIPLE == 0
 
 
+GGUF_BF16_GATE_CAPABILITY = 100  # the threshold vLLM's own gate uses (has_device_capability(100))
+
+
+def gguf_bf16_refused_at(capability: tuple[int, int]) -> bool:
+    """vLLM 0.23's gate: its GGUF kernels are refused bf16 activations from compute capability 10.0 on (they gave
+    garbage in bf16 on an RTX 5090; has_device_capability compares major * 10 + minor)."""
+    return capability[0] * 10 + capability[1] >= GGUF_BF16_GATE_CAPABILITY
+
+
 def vllm_vector_kernel_rows(out_features: int) -> int:
     """Up to how many activation rows vLLM 0.23 sends a K-quant or legacy-quant dense linear to its vector kernel
     (``ggml_mul_mat_vec_a8``; ``_fused_mul_mat_gguf``'s ``mmvq_safe``).  There the shim leaves it: measured on the

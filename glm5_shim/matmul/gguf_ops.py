@@ -11,7 +11,7 @@ import threading
 
 import torch
 
-from glm5_shim.gguf.kernel_coverage import shim_kernel_covers, vllm_vector_kernel_rows
+from glm5_shim.gguf.kernel_coverage import gguf_bf16_refused_at, shim_kernel_covers, vllm_vector_kernel_rows
 
 _ACT_DTYPES = (torch.float16, torch.bfloat16)
 _lock = threading.Lock()
@@ -37,11 +37,10 @@ def _linear_fake(x: torch.Tensor, qweight: torch.Tensor, qweight_type: int, n: i
 
 
 def _vllm_vector_kernel_trusted(x: torch.Tensor) -> bool:
-    """vLLM's ggml kernels gave garbage with bf16 activations on compute capability >= 10 (vLLM gates bf16 GGUF
-    there): never hand them bf16 on such a GPU."""
+    """Never hand vLLM's ggml kernels bf16 where vLLM's own gate refuses it (gguf_bf16_refused_at)."""
     from glm5_shim.kernels.device import cuda_capability_and_sms
 
-    return x.dtype == torch.float16 or cuda_capability_and_sms(x.device.index or 0)[0][0] < 10
+    return x.dtype == torch.float16 or not gguf_bf16_refused_at(cuda_capability_and_sms(x.device.index or 0)[0])
 
 
 def _moe_op(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,

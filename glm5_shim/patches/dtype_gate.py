@@ -19,18 +19,13 @@ from __future__ import annotations
 from glm5_shim import settings
 from glm5_shim.registry import Patch, require, require_attr, require_params
 
-_GATE_CAPABILITY = 100  # the threshold vLLM's own gate uses (has_device_capability(100))
-
-
-def gguf_bf16_refused_at(capability: tuple[int, int]) -> bool:
-    """vLLM 0.23's gate: bf16 GGUF is refused from compute capability 10.0 on (has_device_capability compares
-    major * 10 + minor)."""
-    return capability[0] * 10 + capability[1] >= _GATE_CAPABILITY
 
 
 def gguf_dtype_for_auto(capability: tuple[int, int], shim_runs_every_matmul: bool = False) -> str:
     """What --dtype auto gives a GGUF with the shim on this compute capability (doctor asks this, the patch does it).
     ``shim_runs_every_matmul``: the file's quantized matmuls all run on the shim's kernels."""
+    from glm5_shim.gguf.kernel_coverage import gguf_bf16_refused_at  # not at import: patches load in every process
+
     if gguf_bf16_refused_at(capability) and not settings.allow_gguf_bf16() and not shim_runs_every_matmul:
         return "float16"
     return "bfloat16"
@@ -51,7 +46,9 @@ def gguf_bf16_refused_by_vllm() -> bool:
     """True where vLLM 0.23's gate refuses bf16 for GGUF: the current platform reports capability >= 10.0."""
     from vllm.platforms import current_platform
 
-    return bool(current_platform.has_device_capability(_GATE_CAPABILITY))
+    from glm5_shim.gguf.kernel_coverage import GGUF_BF16_GATE_CAPABILITY
+
+    return bool(current_platform.has_device_capability(GGUF_BF16_GATE_CAPABILITY))
 
 
 def _capability_str() -> str:
