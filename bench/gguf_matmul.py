@@ -210,17 +210,53 @@ def bench_dense(type_names, tokens, bw, peak, gen, vg, rows):
             torch.cuda.empty_cache()
 
 
-def bench_sweep(bw, gen, rows):
+def bench_moe_profile(types, tokens, gen, rows):
+    """Where a MoE call's time goes: every kernel's device time per call (torch profiler, eager calls of the
+    same cycle the timing uses), next to the graph-replayed µs of the whole call; the difference is launch gaps."""
+    from torch.profiler import ProfilerActivity, profile
+    inter = EXPERT_WIDTH // 8
+    for name in types:
+        qt = TYPES[name]
+        w13 = random_blocks_cuda(qt, (EXPERTS, 2 * inter), HIDDEN, gen)
+        w2 = random_blocks_cuda(qt, (EXPERTS, HIDDEN), inter, gen)
+        for t in tokens:
+            cycle = max(4, min(64, 4096 // t))
+            ids, wts = routings(t, cycle, gen)
+            x = (torch.randn(t, HIDDEN, device="cuda", generator=gen) * 0.5).to(torch.bfloat16)
+            calls = [lambda i=i, w=w: gm.gguf_moe(x, w13, w2, w, i, qt, qt, align=ALIGN) for i, w in zip(ids, wts)]
+            total = graph_us(calls)
+            for c in calls:
+                c()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for c in calls:
+                    c()
+                torch.cuda.synchronize()
+            per_kernel = {}
+            for ev in prof.key_averages():
+                dev = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+                if dev and ev.count:
+                    per_kernel[ev.key[:60]] = round(dev / len(calls), 1)
+            row = dict(kind="moe_profile", what=f"moe tp8 {name}", T=t, graph_us=total, kernels_us=per_kernel,
+                       kernels_sum_us=round(sum(per_kernel.values()), 1))
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+        w13 = w2 = None
+        torch.cuda.empty_cache()
+
+
+def bench_sweep(bw, gen, rows, types=("Q4_K",)):
     """Time alternative launch parameters so the tuning constants in kernels/gguf_matmul.py can be chosen."""
     import itertools
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     decode = [dict(BLOCK_N=bn, num_stages=st, ctas_per_sm=c, num_warps=w)
-              for bn, st, c, w in itertools.product((32, 64, 128), (2, 3), (4,), (4, 8)) if not (bn == 128 and w == 4)]
+              for bn, st, c, w in itertools.product((32, 64, 128), (2, 3, 4), (4, 8), (4, 8))
+              if not (bn == 128 and w == 4)]
     prefill = [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st)
                for bm, bn, w, st in itertools.product((64, 128), (64, 128), (4, 8), (2,)) if not (bm == bn == 128
                                                                                                      and w == 4)]
     inter = EXPERT_WIDTH // 8
-    for name in ("Q4_K",):
+    for name in types:
         qt = TYPES[name]
         w13 = random_blocks_cuda(qt, (EXPERTS, 2 * inter), HIDDEN, gen)
         w2 = random_blocks_cuda(qt, (EXPERTS, HIDDEN), inter, gen)
@@ -344,6 +380,14 @@ def markdown(rows, bw, device) -> str:
             pct = fmt(100 * r["floor_us"] / r["us"]) if r["us"] else "—"
             out.append(f"| {r['what']} | {r['T']} | {r['cfg']} | {fmt(r['us'], 1)} | {pct} |")
         out.append("")
+    pr = [r for r in rows if r["kind"] == "moe_profile"]
+    if pr:
+        out += ["## Where a MoE call's time goes (device µs per call by kernel, eager; graph µs of the whole call)", "",
+                "| what | T | graph µs | kernels µs | by kernel |", "|---|---|---|---|---|"]
+        for r in pr:
+            parts = ", ".join(f"{k} {v}" for k, v in sorted(r["kernels_us"].items(), key=lambda kv: -kv[1]))
+            out.append(f"| {r['what']} | {r['T']} | {fmt(r['graph_us'], 1)} | {r['kernels_sum_us']} | {parts} |")
+        out.append("")
     cr = [r for r in rows if r["kind"] == "crash_repro"]
     if cr:
         out += ["## ggml_moe_a8 crash reproduction (T = 65, one process each)", "",
@@ -360,6 +404,7 @@ def main():
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     ap.add_argument("--parts", default="moe8,moe4,dense,crash")
     ap.add_argument("--dense-tokens", default="1,8,32,256,4096")
+    ap.add_argument("--sweep-types", default="Q4_K", help="types whose MoE launch parameters the sweep part times")
     args = ap.parse_args()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -383,8 +428,10 @@ def main():
             bench_moe(4, types, tokens, bw, peak, gen, vg, bf16_moe, rows)
         if "dense" in parts:
             bench_dense(types, [int(t) for t in args.dense_tokens.split(",")], bw, peak, gen, vg, rows)
+        if "profile" in parts:
+            bench_moe_profile(args.sweep_types.split(","), [int(t) for t in args.tokens.split(",")], gen, rows)
         if "sweep" in parts:
-            bench_sweep(bw, gen, rows)
+            bench_sweep(bw, gen, rows, args.sweep_types.split(","))
         if "crash" in parts and vg is not None and os.environ.get("GLM5_BENCH_NO_CRASH") is None:
             crash_repro(rows)
     finally:
