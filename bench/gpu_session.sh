@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One device call: install the offline vLLM bundle, then GPU tests, kernel benchmarks and an end-to-end smoke.
-#   run with carry [".gpu/bundle"]:  bash bench/gpu_session.sh [tests] [bench] [e2e]
+#   run with carry [".gpu/bundle"]:  bash bench/gpu_session.sh [tests] [bench] [e2e] [agentic]
 #   (or carry [".gpu/bundle_slim", ...]: SLIM=1 make_bundle.sh, ~30 MiB, leaves room for .whl and models)
 # Results land in $OUT (at most 8 files come back): gpu_tests.log, sparse_mla.md, indexer.md, session.log,
-#   e2e.md, results.json, e2e_logs.tar.gz
+#   e2e.md, results.json, e2e_logs.tar.gz; agentic: agentic.md, agentic.json, agentic_server.log
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 steps=${*:-tests bench e2e}
@@ -68,6 +68,20 @@ if [[ " $steps " == *" e2e "* ]]; then
   log "e2e test"
   E2E_RESULTS=/tmp/e2e_run timeout 120 python -m pytest -q tests/gpu/test_e2e_serve.py -p no:cacheprovider 2>&1 \
     | tail -40 >> "$OUT/gpu_tests.log"
+fi
+if [[ " $steps " == *" agentic "* ]]; then
+  # bench/agentic.py (#18): a scripted tiny GGUF served with --reasoning-parser glm45 --tool-call-parser glm47
+  # --enable-auto-tool-choice; /tokenize against Jinja, tool calls and reasoning over the openai client.
+  log "agentic ${AGENTIC_ARGS:-}"
+  rm -rf /tmp/agentic_run
+  timeout ${AGENTIC_TIMEOUT:-420} python bench/agentic.py run --out /tmp/agentic_run ${AGENTIC_ARGS:-} 2>&1 \
+    | grep -E "^\[agentic\]|Error|error" | cut -c1-400 >> "$OUT/session.log"
+  pkill -INT -f "vllm serve" 2>/dev/null; sleep 3; pkill -KILL -f "vllm serve" 2>/dev/null
+  cp /tmp/agentic_run/agentic.json /tmp/agentic_run/agentic.md "$OUT/" 2>/dev/null
+  cp /tmp/agentic_run/server_agentic.log "$OUT/agentic_server.log" 2>/dev/null
+  log "agentic test"
+  AGENTIC_RESULTS=/tmp/agentic_run timeout 120 python -m pytest -q tests/gpu/test_agentic_serve.py -p no:cacheprovider \
+    2>&1 | tail -30 >> "$OUT/gpu_tests.log"
 fi
 if [[ -n "${INTERP_PID:-}" ]]; then log "waiting for the interpreter suite"; wait "$INTERP_PID"; fi
 log done

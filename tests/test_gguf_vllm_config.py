@@ -88,7 +88,8 @@ def test_config_and_tokenizer_come_from_the_gguf(results):
     assert good["max_model_len"] == 8192 and good["index_topk"] == 128
     reference = Tokenizer.from_file(str(reference_dir(results["_paths"]["good"]) / "tokenizer.json"))
     assert good["ids"] == [reference.encode(t, add_special_tokens=False).ids for t in TEXTS]
-    assert good["chat"].startswith("[gMASK]<sop><|user|>") and good["chat"].endswith("<|assistant|>")
+    # GLM-5's template: the generation prompt opens the reasoning block
+    assert good["chat"].startswith("[gMASK]<sop><|user|>") and good["chat"].endswith("<|assistant|><think>")
     vocab = reference.get_vocab()
     assert good["eos"] == [vocab["<|endoftext|>"], vocab["<|user|>"], vocab["<|observation|>"]]
 

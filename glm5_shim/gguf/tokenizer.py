@@ -44,6 +44,27 @@ SPECIAL_ID_KEYS = {
 }
 EXTRA_ID_KEYS = ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
 
+# llama.cpp's converter types an added token CONTROL when the HF tokenizer marks it special *or* it looks special
+# (`<|...|>`), USER_DEFINED otherwise. GLM's HF tokenizer (GLM-4.5 .. GLM-5) marks these `<|...|>` tokens not
+# special, so its decode(skip_special_tokens=True) keeps them in the text: with a GLM vocabulary (tokenizer.ggml.pre
+# glm4 / chatglm-bpe) the rebuilt tokenizer keeps them non-special too, as the original does.
+GLM_PRE_NAMES = ("glm4", "chatglm-bpe")
+GLM_HF_NOT_SPECIAL_CONTROL = frozenset({"<|code_prefix|>", "<|code_middle|>", "<|code_suffix|>", "<|begin_of_box|>",
+                                        "<|end_of_box|>", "<|image|>", "<|video|>"})
+
+
+def special_flags(model: GGUFModel) -> dict[int, bool]:
+    """Token id → whether the HF tokenizer treats it as special, for every added (CONTROL or USER_DEFINED) token.
+
+    Every added token is atomic (never split, in encode and decode alike); special ones are also skipped by
+    decode(skip_special_tokens=True). CONTROL tokens are special, USER_DEFINED ones are not, except the `<|...|>`
+    tokens GLM's HF tokenizer keeps non-special (GLM_HF_NOT_SPECIAL_CONTROL)."""
+    tokens = model.metadata["tokenizer.ggml.tokens"]
+    types = model.metadata.get("tokenizer.ggml.token_type") or []
+    glm = model.metadata.get("tokenizer.ggml.pre") in GLM_PRE_NAMES
+    return {i: kind == TOKEN_CONTROL and not (glm and tok in GLM_HF_NOT_SPECIAL_CONTROL)
+            for i, (tok, kind) in enumerate(zip(tokens, types)) if kind in (TOKEN_CONTROL, TOKEN_USER_DEFINED)}
+
 
 def make_pre_tokenizer(pre: str | None):
     """The `tokenizers` pre-tokenizer for a `tokenizer.ggml.pre` name (byte-level, no prefix space)."""
@@ -123,11 +144,12 @@ def build_tokenizers_tokenizer(source: str | Path | GGUFModel):
     tokenizer.pre_tokenizer = make_pre_tokenizer(model.metadata.get("tokenizer.ggml.pre"))
     tokenizer.decoder = decoders.ByteLevel()
 
-    # CONTROL tokens are special (never split, skipped on decode); USER_DEFINED are plain added tokens.
+    # Added tokens are never split; special ones are also skipped on decode (special_flags).
     added = []
-    for token_id, (token, token_type) in enumerate(zip(tokens, types)):
-        if token_type in (TOKEN_CONTROL, TOKEN_USER_DEFINED) and vocab.get(token) == token_id:
-            added.append(AddedToken(token, special=token_type == TOKEN_CONTROL, normalized=False,
+    for token_id, special in special_flags(model).items():
+        token = tokens[token_id]
+        if vocab.get(token) == token_id:
+            added.append(AddedToken(token, special=special, normalized=False,
                                     lstrip=False, rstrip=False, single_word=False))
     if added:
         tokenizer.add_tokens(added)
@@ -151,8 +173,7 @@ def _special_tokens(model: GGUFModel) -> tuple[dict[str, str], list[str]]:
         token = token_for(key)
         if token is not None:
             named[name] = token
-    types = model.metadata.get("tokenizer.ggml.token_type") or []
-    extra = [tok for tok, kind in zip(tokens, types) if kind == TOKEN_CONTROL and tok not in named.values()]
+    extra = [tokens[i] for i, special in special_flags(model).items() if special and tokens[i] not in named.values()]
     for key in EXTRA_ID_KEYS:
         token = token_for(key)
         if token is not None and token not in extra and token not in named.values():
@@ -190,12 +211,11 @@ def tokenizer_config_dict(source: str | Path | GGUFModel) -> dict[str, Any]:
     """tokenizer_config.json contents understood by transformers 4.57 and 5.x."""
     model = _open(source)
     named, extra = _special_tokens(model)
-    backend_types = model.metadata.get("tokenizer.ggml.token_type") or []
     tokens = model.metadata["tokenizer.ggml.tokens"]
     added_tokens_decoder = {
-        str(i): {"content": tok, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
-                 "special": kind == TOKEN_CONTROL}
-        for i, (tok, kind) in enumerate(zip(tokens, backend_types)) if kind in (TOKEN_CONTROL, TOKEN_USER_DEFINED)
+        str(i): {"content": tokens[i], "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
+                 "special": special}
+        for i, special in special_flags(model).items()
     }
     config: dict[str, Any] = {
         "tokenizer_class": "PreTrainedTokenizerFast",

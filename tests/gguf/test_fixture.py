@@ -138,8 +138,15 @@ def test_metadata_is_laid_out_like_llama_cpp(q8):
     tokens = model.metadata["tokenizer.ggml.tokens"]
     types = model.metadata["tokenizer.ggml.token_type"]
     assert len(tokens) == len(types) == 1600
+    # llama.cpp's converter: CONTROL for GLM's HF-special tokens and the <|...|> ones, USER_DEFINED for the rest.
     control = {tok for tok, kind in zip(tokens, types) if kind == 3}
-    assert control == set(fixture.GLM_SPECIAL_TOKENS)
+    user_defined = {tok for tok, kind in zip(tokens, types) if kind == 4}
+    assert control == set(fixture.GLM_HF_SPECIAL_TOKENS) | {"<|code_prefix|>", "<|code_middle|>", "<|code_suffix|>",
+                                                            "<|begin_of_box|>", "<|end_of_box|>", "<|image|>",
+                                                            "<|video|>"}
+    assert user_defined == {"<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>",
+                            "</tool_response>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "/nothink"}
+    assert len(fixture.GLM_SPECIAL_TOKENS) == 36
     assert 1000 <= sum(kind == 1 for kind in types) <= 2000
     meta = model.metadata
     assert tokens[meta["tokenizer.ggml.bos_token_id"]] == "[gMASK]"

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from glm5_shim.gguf.errors import GGUFError
-from glm5_shim.gguf.fixture import GLM_SPECIAL_TOKENS
+from glm5_shim.gguf.fixture import GLM_HF_SPECIAL_TOKENS, GLM_SPECIAL_TOKENS
 from glm5_shim.gguf.reader import open_gguf
 from glm5_shim.gguf.tokenizer import (GLM4_PRETOKENIZER_REGEX, build_hf_tokenizer, build_tokenizers_tokenizer,
                                       make_pre_tokenizer, save_tokenizer_dir)
@@ -77,7 +77,8 @@ def test_special_tokens(q8, reference, hf_tokenizer):
     assert hf_tokenizer.pad_token_id == meta["tokenizer.ggml.padding_token_id"] == ids["<|endoftext|>"]
     assert hf_tokenizer.bos_token == "[gMASK]" and hf_tokenizer.bos_token_id == ids["[gMASK]"]
     assert hf_tokenizer.unk_token_id == ids["<|endoftext|>"]
-    assert set(ids.values()) <= set(hf_tokenizer.all_special_ids)
+    # GLM's HF special set: the 18 role/mask/media tokens; <think>, <tool_call>, <|code_prefix|> ... are not special.
+    assert set(hf_tokenizer.all_special_ids) == {ids[t] for t in GLM_HF_SPECIAL_TOKENS}
     text = "<|user|>hi<|assistant|>"
     encoded = hf_tokenizer.encode(text)
     assert encoded[0] == ids["<|user|>"] and encoded[-1] == ids["<|assistant|>"]
@@ -85,19 +86,22 @@ def test_special_tokens(q8, reference, hf_tokenizer):
 
 
 def test_chat_template(hf_tokenizer, reference):
+    # GLM-5's own template (fixture/glm5_template.py): no newline after a role token, the generation prompt opens
+    # the reasoning block, an earlier assistant turn gets an empty one.
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"},
                 {"role": "assistant", "content": "4"}, {"role": "user", "content": "And 3+3?"}]
     text = hf_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    assert text == ("[gMASK]<sop><|system|>\nBe brief.<|user|>\nWhat is 2+2?<|assistant|>\n4"
-                    "<|user|>\nAnd 3+3?<|assistant|>")
+    assert text == ("[gMASK]<sop><|system|>Be brief.<|user|>What is 2+2?<|assistant|></think>4"
+                    "<|user|>And 3+3?<|assistant|><think>")
     ids = hf_tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
     if not isinstance(ids, list):  # transformers 5 returns a BatchEncoding here
         ids = ids["input_ids"]
     assert ids == reference.encode(text).ids
     assert ids[:2] == [reference.token_to_id("[gMASK]"), reference.token_to_id("<sop>")]
+    assert ids[-2:] == [reference.token_to_id("<|assistant|>"), reference.token_to_id("<think>")]
     no_think = hf_tokenizer.apply_chat_template(messages[1:2], tokenize=False, add_generation_prompt=True,
                                                 enable_thinking=False)
-    assert no_think.endswith("<|assistant|>\n<think></think>")
+    assert no_think.endswith("<|assistant|></think>")
 
 
 def test_saved_directory_loads_with_auto_tokenizer(q8, reference, hf_tokenizer, tmp_path):
