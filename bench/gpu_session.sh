@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: install the offline vLLM bundle, then GPU tests, kernel benchmarks and an end-to-end smoke.
-#   run with carry [".gpu/bundle"]:  bash bench/gpu_session.sh [tests] [bench] [e2e] [agentic]
+#   run with carry [".gpu/bundle"]:  bash bench/gpu_session.sh [tests] [bench] [e2e] [mtp] [agentic]
 #   (or carry [".gpu/bundle_slim", ...]: SLIM=1 make_bundle.sh, ~30 MiB, leaves room for .whl and models)
 # Results land in $OUT (at most 8 files come back): gpu_tests.log, sparse_mla.md, indexer.md, session.log,
 #   e2e.md, results.json, e2e_logs.tar.gz; agentic: agentic.md, agentic.json, agentic_server.log
@@ -68,6 +68,17 @@ if [[ " $steps " == *" e2e "* ]]; then
   log "e2e test"
   E2E_RESULTS=/tmp/e2e_run timeout 120 python -m pytest -q tests/gpu/test_e2e_serve.py -p no:cacheprovider 2>&1 \
     | tail -40 >> "$OUT/gpu_tests.log"
+fi
+if [[ " $steps " == *" mtp "* ]]; then
+  # bench/mtp.py (#17): tiny GGUFs served with their own MTP layer as the draft, shim and native paths, K = 0 and
+  # MTP_ARGS' --k; greedy equality, acceptance, tokens/s at several concurrencies
+  log "mtp ${MTP_ARGS:-}"
+  rm -rf /tmp/mtp_run
+  timeout ${MTP_TIMEOUT:-480} python bench/mtp.py run --out /tmp/mtp_run ${MTP_ARGS:-} > /tmp/mtp_stdout.log 2>&1
+  tail -5 /tmp/mtp_stdout.log | cut -c1-400 >> "$OUT/session.log"
+  pkill -INT -f "vllm serve" 2>/dev/null; sleep 3; pkill -KILL -f "vllm serve" 2>/dev/null
+  cp /tmp/mtp_run/mtp.json /tmp/mtp_run/mtp.md "$OUT/" 2>/dev/null
+  (cd /tmp/mtp_run && tar czf "$OUT/mtp_logs.tar.gz" *.log /tmp/mtp_stdout.log 2>/dev/null)
 fi
 if [[ " $steps " == *" agentic "* ]]; then
   # bench/agentic.py (#18): a scripted tiny GGUF served with --reasoning-parser glm45 --tool-call-parser glm47

@@ -144,6 +144,7 @@ def report(results: dict) -> str:
             f"command: `{results.get('command', '')}`", "", "| check | result | detail |", "|---|---|---|"]
     for check, ok, detail in summarize(results):
         rows.append(f"| {check} | {'-' if ok is None else 'PASS' if ok else 'FAIL'} | {detail} |")
+    rows += throughput_lines(results)
     return "\n".join(rows) + "\n"
 
 
@@ -151,6 +152,50 @@ def _greedy(arm: Arm, prompt: str) -> dict:
     from e2e_parts.functional import greedy
 
     return greedy(arm, prompt, max_tokens=GEN_TOKENS)
+
+
+THROUGHPUT_IN, THROUGHPUT_OUT = 64, 128  # tokens in / out per request (random plain-word prompts, EOS ignored)
+
+
+def _throughput_table(arm: Arm, concurrencies: list[int]) -> dict:
+    """Output tokens/s of ``arm`` at each concurrency (bench/e2e_parts/throughput's streamed requests; 4 requests
+    a client), with its spec-decode counters over the same requests."""
+    import asyncio
+
+    from e2e_parts.throughput import _throughput, ordinary_vocab
+
+    vocab = ordinary_vocab(arm)
+    table = {}
+    for c in concurrencies:
+        before = parse_spec_metrics(_metrics(arm))
+        row = asyncio.run(_throughput(arm, c, max(8, 4 * c), THROUGHPUT_IN, THROUGHPUT_OUT, vocab))
+        row["metrics"] = metrics_delta(before, parse_spec_metrics(_metrics(arm)))
+        table[str(c)] = row
+    return table
+
+
+def throughput_lines(results: dict) -> list[str]:
+    """Markdown table: output tokens/s of the peaked-mtp arms at each concurrency, and the ratio to K=0."""
+    arms = {n: a for n, a in results["arms"].items() if a.get("throughput")}
+    if not arms:
+        return []
+    concs = sorted({int(c) for a in arms.values() for c in a["throughput"]})
+    rows = ["", f"Output tokens/s (requests of {THROUGHPUT_IN} tokens in, {THROUGHPUT_OUT} out; x = vs K=0 on the "
+            "same path; acceptance over the same requests)", "",
+            "| arm | " + " | ".join(f"conc {c}" for c in concs) + " |", "|---|" + "---|" * len(concs)]
+    for name, arm in sorted(arms.items()):
+        base = results["arms"].get(arm_name("peaked-mtp", arm["path"], 0), {}).get("throughput", {})
+        cells = []
+        for c in concs:
+            r = arm["throughput"].get(str(c), {})
+            tps = r.get("output_tok_s")
+            b = base.get(str(c), {}).get("output_tok_s")
+            m = r.get("metrics", {})
+            acc = f", acc {m['acceptance']:.2f}" if m.get("acceptance") is not None and arm["k"] else ""
+            ratio = f" (x{tps / b:.2f}{acc})" if tps and b and arm["k"] else ""
+            cells.append(f"{tps}{ratio}" + (f", {r['errors']} errors" if r.get("errors") else ""))
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+    return rows
 
 
 def run(args) -> int:
@@ -189,6 +234,8 @@ def run(args) -> int:
                 n_tokens = sum(len(g["ids"]) for g in entry["greedy"].values())
                 entry["seconds_per_token"] = (time.time() - t0) / max(n_tokens, 1)
                 entry["metrics"] = metrics_delta(before, parse_spec_metrics(_metrics(arm)))
+                if arm.quant == "peaked-mtp" and args.throughput:
+                    entry["throughput"] = _throughput_table(arm, [int(c) for c in args.throughput.split(",")])
             except Exception as exc:  # noqa: BLE001 - one broken arm must not hide the others
                 entry["error"] = f"{type(exc).__name__}: {exc}"
             save()
@@ -227,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--tp", type=int, default=1)
     r.add_argument("--base-port", type=int, default=8300)
     r.add_argument("--start-timeout", type=float, default=600)
+    r.add_argument("--throughput", default="1,4,32", help="concurrencies timed on the peaked-mtp arms ('' skips)")
     rep = sub.add_parser("report")
     rep.add_argument("dir")
     args = p.parse_args(argv)
