@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -30,7 +31,8 @@ GPU_MEMORY_UTILIZATION = 0.90
 MAX_NUM_BATCHED_TOKENS = 8192  # the prefill chunk (and the prefill profile's prompt)
 MAX_NUM_SEQS = 64  # e2e_parts.servers.start's, = the highest concurrency measured
 OUT_LEN = 256  # decode tokens a stream
-PROFILE_DECODE_S = 1.5
+PROFILE_DECODE_S = 1.5  # a profiled decode window (~200-300 steps of the 4-layer slice)
+PROFILE_MAX_TOKENS = 4096  # the profiled streams' length: they are cancelled when the window closes
 
 
 @dataclass
@@ -140,6 +142,7 @@ class Runner:
         self.arm: SliceArm | None = None
         self.rss: PeakRss | None = None
         self.vocab: list[int] = []
+        self.servers_started = 0  # each server takes the next port (an old one may linger in TIME_WAIT)
 
     def elapsed(self) -> float:
         return time.time() - self.t0
@@ -169,9 +172,10 @@ class Runner:
         trace_dir = self.out / "traces" / part.key
         trace_dir.mkdir(parents=True, exist_ok=True)
         arm = SliceArm(f"{part.key}-{part.slice}-{part.path}" + ("-kernels-off" if part.kernels != "shim" else ""),
-                       part.slice, "auto", part.path, port=self.args.base_port + len(self.results["parts"]),
+                       part.slice, "auto", part.path, port=self.args.base_port + self.servers_started,
                        kernels=part.kernels, server_key=part.server_key, trace_dir=trace_dir)
         limits, extra = serve_flags(trace_dir)
+        self.servers_started += 1
         start(arm, {part.slice: self.results["slices"][part.slice]["path"]}, self.out, 1, extra=extra, limits=limits)
         self.arm, self.rss = arm, PeakRss(arm.proc.pid)
         try:
@@ -275,8 +279,9 @@ class Runner:
                 res.setdefault("skipped_steps", []).append(f"profile decode c={c}")
                 continue
             ttft = decoded.get(c, {}).get("ttft_ms_max", 3000.0) / 1e3
+            max_tokens = min(PROFILE_MAX_TOKENS, MAX_MODEL_LEN - part.in_len - 8)
             prof[f"decode_c{c}"] = measure.profile_decode(arm, arm.trace_dir, c, part.in_len, self.vocab, ttft,
-                                                          PROFILE_DECODE_S, MAX_MODEL_LEN - part.in_len - 8)
+                                                          PROFILE_DECODE_S, max_tokens)
             self.log(f"profile decode c={c}: {_short(prof[f'decode_c{c}'])}")
             self.save()
         if self.budget_left(40):
@@ -288,6 +293,15 @@ def _short(p: dict) -> str:
     return json.dumps({k: p.get(k) for k in ("steps", "kernels", "per_step_us", "error", "warning") if k in p})
 
 
+def _interrupt(signum, _frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def run(args) -> int:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    return Runner(args).run()
+    # `timeout` sends SIGTERM: stop the server and write what was measured (Runner.run's finally)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return Runner(args).run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -14,7 +14,7 @@ def weight_groups(tensors, layers: int, dense_layers: int) -> dict:
     """tensors: (name, type_name, nbytes) triples. Returns bytes per group, per layer where the group is per layer:
     routed_per_moe_layer, shared_expert_per_moe_layer, dense_ffn_per_dense_layer, attn_gguf_per_layer (attention
     and indexer projections run as GGUF matmuls), attn_other_per_layer (the rest of a layer's attention weights),
-    router_per_moe_layer, lm_head, embedding, total."""
+    router_per_moe_layer, lm_head, embedding, norms (all float norm weights), total."""
     g = dict.fromkeys(("routed", "shared", "dense_ffn", "attn_gguf", "attn_other", "router", "norms", "lm_head",
                        "embedding"), 0)
     total = 0
@@ -47,7 +47,7 @@ def weight_groups(tensors, layers: int, dense_layers: int) -> dict:
             "router_per_moe_layer": per(g["router"], moe),
             "dense_ffn_per_dense_layer": per(g["dense_ffn"], dense_layers),
             "attn_gguf_per_layer": per(g["attn_gguf"], layers), "attn_other_per_layer": per(g["attn_other"], layers),
-            "lm_head": g["lm_head"], "embedding": g["embedding"], "total": total}
+            "lm_head": g["lm_head"], "embedding": g["embedding"], "norms": g["norms"], "total": total}
 
 
 def plan_groups(layers: int, dense_layers: int, preset: str, rank_of: int) -> dict:
