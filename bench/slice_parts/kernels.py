@@ -37,12 +37,13 @@ LABELS = {"gguf_moe": "GGUF MoE", "gguf_dense": "GGUF dense", "attention": "atte
 _RULES: tuple[tuple[str, str], ...] = (
     # the DSA indexer first: its top-k and cache ops would otherwise look like MoE routing or attention
     ("indexer", r"mqa_logits|_fill_outside_kernel|indexer|top_?k_per_row|persistent_topk|clean_logits"),
-    ("attention", r"sparse_mla|flash_?mla|flash_fwd|splitkv_mla|mla_combine|concat_and_cache|concat_mla_q|"
-                  r"cp_gather_and_upconvert|^_convert_kernel$|sparse_attn|sm90_fp8_sparse|\bmla\b"),
-    ("gguf_moe", r"^_moe_kernel$|moe_q\d|moe_vec_q|moe_sum|moe_align|sort_expert|count_and_sort|grouped_?topk|"
-                 r"topk_?gating|topk_?softmax|topk_?sigmoid|router_gemm|fused_moe|moe_"),
-    ("gguf_dense", r"^_linear_kernel$|^_dequant_kernel$|mul_mat_vec_q|mul_mat_q\d|mul_mat_q|dequantize_block|"
-                   r"quantize_q8_1|ggml"),
+    # (Triton kernels are named after their function; an older Triton appended a signature suffix)
+    ("attention", r"mla|flash_fwd|concat_and_cache|cp_gather_and_upconvert|^_convert_kernel|sparse_attn"),
+    ("gguf_moe", r"^_moe_kernel|moe_q\d|moe_vec_q|moe_sum|moe_align|sort_expert|count_and_sort|grouped_?topk|"
+                 r"topk_?gating|topk_?softmax|topk_?sigmoid|topk_with_k2|group_idx_and_topk|noaux|router_gemm|"
+                 r"fused_moe|moe_"),
+    ("gguf_dense", r"^_linear_kernel|^_dequant_kernel|mul_mat_vec_q|mul_mat_q|dequantize_block|quantize_q8_1|"
+                   r"ggml"),
     ("norm_rope_act", r"rms_?norm|layer_?norm|rotary|\brope\b|rope_|silu|act_and_mul|gelu|swiglu|"
                       r"^triton_(poi|red|per)_"),
     ("sampling", r"argmax|log_?softmax|softmax|sampl|gumbel|exponential|top_?k_?top_?p|penalt|logits_?process"),
