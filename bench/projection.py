@@ -147,6 +147,8 @@ def host_share_us(part: dict, concurrency: int, kernel_us: float) -> tuple[float
 def project(results: dict, part_key: str = "a", a: Assumptions | None = None, prefill: bool = False,
             full_groups: dict | None = None) -> dict:
     a = a or Assumptions()
+    if part_key not in results.get("parts", {}):
+        raise SystemExit(f"no part {part_key!r} in the results (parts: {', '.join(results.get('parts', {}))})")
     part = results["parts"][part_key]
     sl = results["slices"][part["slice"]]
     groups = sl["bytes_by_group"]

@@ -259,6 +259,8 @@ def test_projection_command_prints_every_assumption(capsys):
     res["slices"]["r8-Q4_K_M"]["rank_of"] = 1
     with pytest.raises(SystemExit, match="rank-of-8"):
         projection.project(res, "a")
+    with pytest.raises(SystemExit, match="no part 'b'"):
+        projection.project(res, "b")
 
 
 def test_report_renders_the_fixture():
