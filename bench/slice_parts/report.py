@@ -90,7 +90,7 @@ def report(results: dict) -> str:
             note = pr.get("error") or pr.get("warning") or ""
             lines.append(f"| {k} | {name} | {pr.get('steps', '-')} | " + " | ".join(_v(per.get(c)) for c in CATEGORIES)
                          + f" | {_v(total)} | {note[:80]} |")
-        lines += ["", "Largest kernel of each group (name, µs in the window, calls; up to six a group in slice.json), and "
+        lines += ["", "Largest kernel of each group (name, µs in the window, calls; six a group in slice.json), and "
                   "\"other\" by kind:", ""]
         for k, name, pr in profs:
             tops = "; ".join(f"{LABELS.get(cat, cat)} `{top[0][0][:60]}` {top[0][1]} ({top[0][2]})"
