@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One device call: install the offline vLLM bundle, then GPU tests, kernel benchmarks and an end-to-end smoke.
-#   run with carry [".gpu/bundle"]:  bash bench/gpu_session.sh [tests] [bench] [e2e] [mtp] [agentic]
+#   run with carry [".gpu/bundle"]:  bash bench/gpu_session.sh [tests] [bench] [e2e] [mtp] [agentic] [slice]
 #   (or carry [".gpu/bundle_slim", ...]: SLIM=1 make_bundle.sh, ~30 MiB, leaves room for .whl and models)
 # Results land in $OUT (at most 8 files come back): gpu_tests.log, sparse_mla.md, indexer.md, session.log,
-#   e2e.md, results.json, e2e_logs.tar.gz; agentic: agentic.md, agentic.json, agentic_server.log
+#   e2e.md, results.json, e2e_logs.tar.gz; mtp: mtp.md, mtp.json, mtp_logs.tar.gz; agentic: agentic.md,
+#   agentic.json, agentic_server.log; slice: slice.md, slice.json, slice_logs.tar.gz
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 steps=${*:-tests bench e2e}
@@ -93,6 +94,25 @@ if [[ " $steps " == *" agentic "* ]]; then
   log "agentic test"
   AGENTIC_RESULTS=/tmp/agentic_run timeout 120 python -m pytest -q tests/gpu/test_agentic_serve.py -p no:cacheprovider \
     2>&1 | tail -30 >> "$OUT/gpu_tests.log"
+fi
+if [[ " $steps " == *" slice "* ]]; then
+  # bench/slice_serve.py: GLM-5 slices at the real sizes made here (/tmp/slices), served through launch.sh, measured
+  # (issue #16).  Back in $OUT: slice.md, slice.json, slice_logs.tar.gz (server logs + the session's lines); the
+  # torch-profiler traces stay in /tmp (tens of MB).  SLICE_ARGS e.g. "--parts a,b,c --budget-s 480".
+  # what is left of the device call's 10 minutes (SECONDS: since this script started), unless SLICE_TIMEOUT says;
+  # without --budget-s in SLICE_ARGS, parts stop being started 45 s before that (a server stop and the copy below)
+  slice_left=${SLICE_TIMEOUT:-$((585 - SECONDS))}
+  slice_args="${SLICE_ARGS:-}"
+  [[ "$slice_args" == *--budget-s* ]] || slice_args="$slice_args --budget-s $((slice_left - 45))"
+  log "slice $slice_args (timeout ${slice_left} s)"
+  rm -rf /tmp/slice_run
+  # on the timeout's SIGTERM the runner stops its server (by process group) and writes what it has
+  timeout "$slice_left" python bench/slice_serve.py run --out /tmp/slice_run $slice_args > /tmp/slice_run.log 2>&1
+  log "slice exit $?"
+  grep -E "^\[slice\]|Error" /tmp/slice_run.log | cut -c1-300 | tail -60 >> "$OUT/session.log"
+  cp /tmp/slice_run/slice.md /tmp/slice_run/slice.json "$OUT/" 2>/dev/null
+  cp /tmp/slice_run.log /tmp/slice_run/ 2>/dev/null
+  (cd /tmp/slice_run && tar czf "$OUT/slice_logs.tar.gz" *.log 2>/dev/null)
 fi
 if [[ -n "${INTERP_PID:-}" ]]; then log "waiting for the interpreter suite"; wait "$INTERP_PID"; fi
 log done

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import subprocess
 import sys
 import time
@@ -26,17 +25,10 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 import e2e  # noqa: E402  (servers: start / wait_ready / stop)
+from e2e_parts.vllm_log import kept_lines, startup_numbers  # noqa: E402
 
 MODELS = {"glm52": "glm52", "all-full": "FFFFFFF"}
 MODEL_ARGS = dict(layers=7, heads=16, index_heads=32, index_topk=128, context_length=1 << 20, quant="Q8_0")
-_KEEP = re.compile(r"Model loading took|KV cache|Maximum concurrency|[Gg]raph capturing|[Mm]emory profiling|"
-                   r"non-KV|torch peak|weights memory|glm5-shim: .*(indexer|top-k)|CUDA out of memory|Error")
-_NUM = {
-    "weights_gib": r"Model loading took ([\d.]+) GiB",
-    "available_kv_gib": r"Available KV cache memory: ([\d.]+) GiB",
-    "kv_tokens": r"GPU KV cache size: ([\d,]+) tokens",
-    "graphs_gib": r"[Gg]raph capturing finished in [\d.]+ secs?, took ([\d.-]+) GiB",
-}
 
 
 def used_mib() -> int | None:
@@ -65,13 +57,8 @@ def run_one(model: str, arm_path: str, length: int, kv: str, out: Path, port: in
     finally:
         e2e.stop(arm)
     text = arm.log.read_text(errors="replace")
-    result["lines"] = [line.split("]", 1)[-1].strip()[:300] for line in text.splitlines() if _KEEP.search(line)][:40]
-    for key, pattern in _NUM.items():
-        found = re.findall(pattern, text)
-        if found:
-            result[key] = float(found[-1].replace(",", ""))
-    if result.get("available_kv_gib") and result.get("kv_tokens"):
-        result["kv_bytes_per_token"] = round(result["available_kv_gib"] * 2**30 / result["kv_tokens"], 1)
+    result["lines"] = kept_lines(text)
+    result.update(startup_numbers(text))
     return result
 
 

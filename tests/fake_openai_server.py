@@ -7,8 +7,11 @@ can predict it.  Run: python tests/fake_openai_server.py PORT, or with launch.sh
 """
 from __future__ import annotations
 
+import gzip
 import json
 import sys
+import time
+from pathlib import Path
 
 from aiohttp import web
 
@@ -161,14 +164,62 @@ async def health(_request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
+PROFILER_DIR: Path | None = None  # from --profiler-config's torch_profiler_dir, as vLLM 0.23 takes it
+STARTUP_LINES = (  # vLLM 0.23.0's own start-up messages (format strings in its source), with made-up numbers
+    "INFO 12-02 10:00:01 [gpu_model_runner.py:5188] Model loading took 2.38 GiB memory and 4.500000 seconds",
+    "INFO 12-02 10:00:09 [gpu_worker.py:481] Available KV cache memory: 110.5 GiB",
+    "INFO 12-02 10:00:09 [kv_cache_utils.py:1744] GPU KV cache size: 21,458,944 tokens",
+    "INFO 12-02 10:00:20 [gpu_model_runner.py:6586] Graph capturing finished in 11 secs, took 0.62 GiB",
+    "INFO 12-02 10:00:20 [core.py:307] init engine (profile, create kv cache, warmup model) took 18.40 s "
+    "(compilation: 9.10 s)",
+)
+
+
+def fake_trace(steps: int = 3) -> dict:
+    """A chrome trace shaped like the torch profiler's: a step annotation, a graph launch and kernels a step."""
+    events, ts = [], 1000.0
+    for i in range(steps):
+        events.append({"ph": "X", "cat": "user_annotation", "name": "execute_context_0(0)_generation_1(1)",
+                       "ts": ts, "dur": 90.0, "pid": 1, "tid": 1})
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": ts + 1, "dur": 5.0,
+                       "pid": 1, "tid": 1, "args": {"correlation": 100 + i}})
+        for j, (name, dur) in enumerate((("_moe_kernel", 30.0), ("_linear_kernel", 20.0),
+                                         ("_sparse_mla_fwd_kernel", 10.0), ("_paged_mqa_logits_kernel", 8.0),
+                                         ("rms_norm_kernel", 2.0))):
+            events.append({"ph": "X", "cat": "kernel", "name": name, "ts": ts + 10 + 20 * j, "dur": dur,
+                           "pid": 0, "tid": 7, "args": {"correlation": 100 + i}})
+        ts += 100.0
+    return {"traceEvents": events}
+
+
+async def start_profile(_request: web.Request) -> web.Response:
+    return web.Response(status=200 if PROFILER_DIR else 404)
+
+
+async def stop_profile(_request: web.Request) -> web.Response:
+    if PROFILER_DIR is None:
+        return web.Response(status=404)
+    PROFILER_DIR.mkdir(parents=True, exist_ok=True)
+    with gzip.open(PROFILER_DIR / f"rank0.{time.time_ns()}.pt.trace.json.gz", "wt") as f:
+        json.dump(fake_trace(), f)
+    return web.Response(status=200)
+
+
 def app() -> web.Application:
     a = web.Application()
     a.add_routes([web.get("/health", health), web.post("/v1/completions", completions),
-                  web.post("/v1/chat/completions", chat), web.post("/tokenize", tokenize_endpoint)])
+                  web.post("/v1/chat/completions", chat), web.post("/tokenize", tokenize_endpoint),
+                  web.post("/start_profile", start_profile), web.post("/stop_profile", stop_profile)])
     return a
 
 
 if __name__ == "__main__":
     argv = sys.argv[1:]
     port = int(argv[argv.index("--port") + 1]) if "--port" in argv else int(argv[0])
+    for i, arg in enumerate(argv[:-1]):  # the last of each flag wins, as in vLLM's parser
+        if arg == "--max-model-len":
+            MAX_MODEL_LEN = int(argv[i + 1])
+        elif arg == "--profiler-config":
+            PROFILER_DIR = Path(json.loads(argv[i + 1])["torch_profiler_dir"])
+    print("\n".join(STARTUP_LINES), flush=True)
     web.run_app(app(), host="127.0.0.1", port=port, print=None)

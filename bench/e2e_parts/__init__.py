@@ -11,4 +11,5 @@
   report        the markdown report
   run           `all`: the whole run
   command_line  the argument parser and the `all` / `report` / `reference` commands
+  vllm_log      vLLM 0.23's start-up log lines and the numbers in them (also bench/long_context.py, slice_serve.py)
 """

@@ -17,14 +17,19 @@ REPO = Path(__file__).resolve().parents[2]
 LAUNCH = Path(os.environ.get("GLM5_E2E_LAUNCH", REPO / "launch.sh"))  # tests swap in a stand-in server
 
 
-def start(arm: Arm, models: dict[str, str], out: Path, tp: int, dtype: str = "", extra: tuple[str, ...] = ()) -> None:
-    """Start the arm's server (models: arm.quant → GGUF path); extra: more `vllm serve` arguments."""
+# several servers share one GPU: each takes a fixed KV pool instead of a share of free memory
+SHARED_GPU_LIMITS = ("--max-model-len", str(MAX_MODEL_LEN), "--gpu-memory-utilization", "0.05",
+                     "--kv-cache-memory-bytes", str(1 << 30))
+
+
+def start(arm: Arm, models: dict[str, str], out: Path, tp: int, dtype: str = "", extra: tuple[str, ...] = (),
+          limits: tuple[str, ...] = SHARED_GPU_LIMITS) -> None:
+    """Start the arm's server (models: arm.quant → GGUF path); extra: more `vllm serve` arguments; limits: the
+    length and memory flags (a server alone on its GPU passes its own)."""
     arm.model = models[arm.quant]
     arm.log = out / f"server_{arm.name}.log"
-    cmd = ["bash", str(LAUNCH), arm.model, "--port", str(arm.port), "--max-model-len", str(MAX_MODEL_LEN),
+    cmd = ["bash", str(LAUNCH), arm.model, "--port", str(arm.port), *limits,
            "--kv-cache-dtype", arm.kv, "--seed", "0", "--max-num-seqs", "64",
-           # several servers share one GPU: each takes a fixed KV pool instead of a share of free memory
-           "--gpu-memory-utilization", "0.05", "--kv-cache-memory-bytes", str(1 << 30),
            "--tensor-parallel-size", str(tp)] + (["--dtype", dtype] if dtype else []) + list(extra)
     arm.startup_s = time.time()
     arm.proc = subprocess.Popen(cmd, stdout=open(arm.log, "w"), stderr=subprocess.STDOUT, env=arm.env(),

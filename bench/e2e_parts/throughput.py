@@ -41,7 +41,8 @@ async def stream_one(session, arm: Arm, prompt_ids: list[int], max_tokens: int) 
     if not stamps:
         return {"error": "no tokens", "n": n}
     return {"n": n, "ttft": stamps[0] - t0,
-            "tpot": (stamps[-1] - stamps[0]) / max(n - 1, 1), "finish": finish, "ok": n == max_tokens}
+            "tpot": (stamps[-1] - stamps[0]) / max(n - 1, 1), "finish": finish, "ok": n == max_tokens,
+            "stamps": stamps}  # perf_counter of each chunk that carried a token (bench/slice_serve.py's decode window)
 
 
 def random_prompt(rng: random.Random, vocab: list[int], length: int) -> list[int]:

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# llama.cpp's own llama-bench (CUDA, sm_90) on a GLM-5 slice, next to bench/slice_serve.py's numbers (issue #16).
+#
+#   bash bench/llama_bench.sh prepare [SDIST_DIR] [DEST]   on this machine: copy the llama.cpp tree vendored in the
+#        llama-cpp-python sdist (default /tmp/lcp/llama_cpp_python-0.3.36) into DEST (default .gpu/llamacpp), trimmed
+#        to what a CUDA build of llama-bench needs (ggml with its CPU and CUDA backends, src, include, common,
+#        vendor, cmake, tools/llama-bench); prints its size (carry it: well under 30 MiB)
+#   bash bench/llama_bench.sh build [DEST]                 on the GPU machine: cmake + ninja, GGML_CUDA=ON,
+#        CMAKE_CUDA_ARCHITECTURES=90, only the llama-bench target (BUILD_DIR, default /tmp/llamacpp-build); the
+#        FlashAttention kernels (most of the template instances) compile as empty stubs (GGML_CUDA_FA=OFF: llama.cpp
+#        then attends without FA) unless BUILD_FA=ON, to fit the build in a device call; cuBLAS from the nvidia wheels when the toolkit is nvcc alone (run it after
+#        sourcing /tmp/vllm_site/env.sh); CONFIGURE_ONLY=1 stops after cmake
+#   bash bench/llama_bench.sh run SLICE.gguf [ARGS...]     llama-bench on the slice: all layers on the GPU,
+#        prompt 2048 and 128 generated tokens by default (LLAMA_BENCH_ARGS replaces "-p 2048 -n 128 -r 3"), markdown
+#        to stdout
+# In a device call, e.g. with carry [".gpu/bundle_slim", ".whl", ".gpu/llamacpp"]:
+#   bash bench/llama_bench.sh build && python -m glm5_shim make-slice /tmp/s.gguf --layers 4 --dense-layers 1 \
+#     --preset Q4_K_M --rank-of 8 --quiet && bash bench/llama_bench.sh run /tmp/s.gguf > $OUT/llama_bench.md
+set -euo pipefail
+cmd=${1:-}; shift || true
+case "$cmd" in
+  prepare)
+    src=${1:-/tmp/lcp/llama_cpp_python-0.3.36}/vendor/llama.cpp
+    dest=${2:-.gpu/llamacpp}
+    [[ -f "$src/CMakeLists.txt" ]] || { echo "no llama.cpp tree at $src" >&2; exit 2; }
+    rm -rf "$dest"; mkdir -p "$dest/tools" "$dest/ggml/src"
+    cp "$src/CMakeLists.txt" "$src/LICENSE" "$dest/"
+    cp -r "$src/cmake" "$src/include" "$src/src" "$src/common" "$dest/"
+    # vendor: what common links (nlohmann, sheredom, cpp-httplib); mtmd's miniaudio, stb and hash stay behind
+    mkdir -p "$dest/vendor"
+    cp -r "$src/vendor/nlohmann" "$src/vendor/sheredom" "$src/vendor/cpp-httplib" "$dest/vendor/"
+    printf '%s\n' 'add_subdirectory(nlohmann)' 'add_subdirectory(sheredom)' \
+      'if (LLAMA_BUILD_COMMON)' '    add_subdirectory(cpp-httplib)' 'endif()' > "$dest/vendor/CMakeLists.txt"
+    cp -r "$src/tools/llama-bench" "$dest/tools/"
+    # tools/CMakeLists.txt: llama-bench alone
+    echo 'add_subdirectory(llama-bench)' > "$dest/tools/CMakeLists.txt"
+    cp "$src/ggml/CMakeLists.txt" "$dest/ggml/"
+    cp -r "$src/ggml/cmake" "$src/ggml/include" "$dest/ggml/"
+    find "$src/ggml/src" -maxdepth 1 -type f -exec cp {} "$dest/ggml/src/" \;
+    cp -r "$src/ggml/src/ggml-cpu" "$src/ggml/src/ggml-cuda" "$dest/ggml/src/"
+    # ggml/src/CMakeLists.txt adds every backend directory by name, guarded by its option (all OFF but CPU, CUDA)
+    du -sh "$dest"
+    ;;
+  build)
+    dest=${1:-.gpu/llamacpp}; build=${BUILD_DIR:-/tmp/llamacpp-build}
+    export PATH="/usr/local/cuda/bin:$PATH"
+    t0=$SECONDS
+    cublas=()
+    cuda_root=$(dirname "$(dirname "$(command -v nvcc)")")
+    if ! ls "$cuda_root"/lib64/libcublas.so* "$cuda_root"/targets/*/lib/libcublas.so* > /dev/null 2>&1; then
+      # a pip-installed toolkit (nvcc without cuBLAS): take cuBLAS from the nvidia wheels torch brought
+      nv=$(python3 -c 'import nvidia, os; print(nvidia.__path__[0])' 2>/dev/null || true)
+      lib=$( (ls -d "$nv"/cu13/lib "$nv"/cublas/lib 2>/dev/null || true) | head -1)
+      [[ -n "$lib" ]] || { echo "no cuBLAS found (toolkit or nvidia wheels)" >&2; exit 1; }
+      mkdir -p "$build/cublas"
+      ln -sf "$(ls "$lib"/libcublas.so.* | head -1)" "$build/cublas/libcublas.so"
+      ln -sf "$(ls "$lib"/libcublasLt.so.* | head -1)" "$build/cublas/libcublasLt.so"
+      inc=$(dirname "$lib")/include
+      cublas=(-DCUDA_cublas_LIBRARY="$build/cublas/libcublas.so" -DCUDA_cublasLt_LIBRARY="$build/cublas/libcublasLt.so"
+              -DCMAKE_CUDA_FLAGS="-I$inc" -DCMAKE_CXX_FLAGS="-I$inc" -DCMAKE_C_FLAGS="-I$inc")
+    fi
+    # libcuda: the driver's own (a pip toolkit has no stubs); without one, no VMM pool (the legacy pool instead)
+    libcuda=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so(\.1)? /{print $NF; exit}')
+    if [[ -z "$(ls "$cuda_root"/lib64/stubs/libcuda.so 2>/dev/null)" ]]; then
+      if [[ -n "$libcuda" ]]; then cublas+=(-DCUDA_cuda_driver_LIBRARY="$libcuda"); else cublas+=(-DGGML_CUDA_NO_VMM=ON); fi
+    fi
+    cmake -S "$dest" -B "$build" -G Ninja "${cublas[@]}" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+      -DGGML_NATIVE=OFF -DGGML_CCACHE=OFF -DGGML_CUDA_FA="${BUILD_FA:-OFF}" -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+      -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_APP=OFF -DBUILD_SHARED_LIBS=OFF > "$build.cmake.log" 2>&1 \
+      || { tail -30 "$build.cmake.log"; exit 1; }
+    [[ -z "${CONFIGURE_ONLY:-}" ]] || { echo "configured in $((SECONDS - t0)) s: $build"; exit 0; }
+    cmake --build "$build" --target llama-bench -j "$(nproc)" > "$build.build.log" 2>&1 \
+      || { grep -m5 -B2 -A8 "error" "$build.build.log"; tail -5 "$build.build.log"; exit 1; }
+    echo "llama-bench built in $((SECONDS - t0)) s: $build/bin/llama-bench"
+    ;;
+  run)
+    model=${1:?SLICE.gguf}; shift || true
+    bin=${BUILD_DIR:-/tmp/llamacpp-build}/bin/llama-bench
+    # shellcheck disable=SC2086
+    "$bin" -m "$model" -ngl 999 ${LLAMA_BENCH_ARGS:--p 2048 -n 128 -r 3} -o md "$@"
+    ;;
+  *)
+    sed -n 2,18p "$0"; exit 2 ;;
+esac

@@ -1,0 +1,251 @@
+"""Per-token time of the whole GLM-5 (78 layers: 3 dense + 75 MoE) at TP 8 on 8× RTX PRO 6000 Blackwell and on
+8× H200, projected from the per-layer costs measured on a slice (issue #16).
+
+    python bench/projection.py DIR/slice.json [--part a] [--prefill] [--json] [--rtx-bw-gbs 1800] ...
+
+Input: bench/slice_serve.py's DIR/slice.json — the torch-profiler kernel time a decode step by group (GGUF MoE,
+GGUF dense, attention, indexer, norms/rope/activation, sampling, other) of a rank-of-8 slice (what one rank computes
+at TP 8) at 1 and 32 streams, the slice's weight bytes by group, and the measured time per output token (TPOT).
+Every assumption is printed with the table; each constant has a flag. In short:
+  * per layer: GGUF MoE time / MoE layers; attention, indexer, norms and "other" / all layers; GGUF dense time split
+    by the bytes of the weights it reads (attention projections every layer, the dense FFN, the shared expert,
+    lm_head once); sampling once a step;
+  * the full model = 75 × MoE layer + 3 × dense layer + lm_head + sampling (+ the per-layer time of the full
+    model's own byte mix where glm5_shim can plan it: llama-quantize gives some layers other types);
+  * bandwidth-bound groups scale by the measured H200 copy bandwidth over the target's; compute-bound groups by
+    dense bf16 tensor throughput (decode: every group bandwidth-bound; --prefill: GGUF, attention, indexer compute);
+  * two all-reduces a layer (attention output, FFN output) of 6144 × T bf16 values, one for the embedding, and one
+    gather of the logits (T × vocabulary / 8 values a rank): latency + 2(N−1)/N × bytes / bus bandwidth;
+  * the host's part of a step (TPOT measured on the H200 minus the kernel time a step) stays as measured.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+GROUPS = ("gguf_moe", "gguf_dense", "attention", "indexer", "norm_rope_act", "sampling", "other")
+SGLANG_NVFP4_RTX_PRO_6000_TP8 = 51.6  # tokens/s, single stream (public figure quoted in issue #16)
+
+
+@dataclass
+class Gpu:
+    name: str
+    bandwidth_gbs: float  # memory bandwidth used for scaling
+    bf16_tflops: float  # dense bf16 tensor throughput
+    link: str
+    allreduce_latency_us: float
+    link_busbw_gbs: float  # all-reduce bus bandwidth between the 8 GPUs
+
+
+@dataclass
+class Assumptions:
+    layers: int = 78
+    dense_layers: int = 3
+    tp: int = 8
+    hidden: int = 6144
+    vocab: int = 154880
+    measured_bw_gbs: float = 4270.0  # H200 copy bandwidth measured on the device machine (bench/RESULTS.md)
+    measured_tflops: float = 989.0  # H200 dense bf16, published
+    targets: list = field(default_factory=lambda: [
+        Gpu("8x RTX PRO 6000 Blackwell", 1800.0, 500.0, "PCIe 5.0 x16, no NVLink (NCCL ring)", 30.0, 25.0),
+        Gpu("8x H200", 4270.0, 989.0, "NVLink 4 / NVSwitch (vLLM custom all-reduce)", 10.0, 360.0)])
+    decode_compute_bound: tuple = ()
+    prefill_compute_bound: tuple = ("gguf_moe", "gguf_dense", "attention", "indexer")
+
+    def lines(self) -> list[str]:
+        out = [f"model: {self.layers} layers ({self.dense_layers} dense, {self.layers - self.dense_layers} MoE), "
+               f"hidden {self.hidden}, vocabulary {self.vocab}, TP {self.tp}; no MTP draft, no expert parallel",
+               f"H200 reference: {self.measured_bw_gbs:.0f} GB/s (measured copy), {self.measured_tflops:.0f} TFLOPS "
+               "dense bf16 (published)"]
+        for g in self.targets:
+            out.append(f"{g.name}: {g.bandwidth_gbs:.0f} GB/s, {g.bf16_tflops:.0f} TFLOPS dense bf16; {g.link}: "
+                       f"{g.allreduce_latency_us:.0f} µs a collective + bytes at {g.link_busbw_gbs:.0f} GB/s bus "
+                       "bandwidth")
+        out.append("decode: every kernel group scales with memory bandwidth"
+                   + (f" except {', '.join(self.decode_compute_bound)} (tensor throughput)"
+                      if self.decode_compute_bound else "")
+                   + "; prefill: " + ", ".join(self.prefill_compute_bound) + " scale with tensor throughput, the "
+                   "rest with bandwidth")
+        out.append("the host's share of a step (measured TPOT − kernel time a step on the H200) is the same on "
+                   "every machine (same CPU, CUDA graphs); kernels of different groups do not overlap")
+        return out
+
+
+def per_layer_costs(per_step_us: dict, groups: dict) -> dict:
+    """Kernel µs a step of one slice, split into what one MoE layer, one dense layer and the once-a-step parts cost.
+
+    per_step_us: group → µs a step (slice_serve's profile); groups: slice_parts.weights.weight_groups of the slice.
+    GGUF dense time is split by bytes read (decode reads each weight once a step)."""
+    n, nd, nm = groups["layers"], groups["dense_layers"], groups["moe_layers"]
+    dense_bytes = (n * groups["attn_gguf_per_layer"] + nd * groups["dense_ffn_per_dense_layer"]
+                   + nm * groups["shared_expert_per_moe_layer"] + groups["lm_head"])
+    per_byte = per_step_us.get("gguf_dense", 0.0) / dense_bytes if dense_bytes else 0.0
+    common = {"gguf_dense": per_byte * groups["attn_gguf_per_layer"]}
+    for g in ("attention", "indexer", "norm_rope_act", "other"):
+        common[g] = per_step_us.get(g, 0.0) / n
+    moe = dict(common, gguf_moe=per_step_us.get("gguf_moe", 0.0) / nm if nm else 0.0)
+    moe["gguf_dense"] += per_byte * groups["shared_expert_per_moe_layer"]
+    dense = dict(common)
+    dense["gguf_dense"] += per_byte * groups["dense_ffn_per_dense_layer"]
+    once = {"gguf_dense": per_byte * groups["lm_head"], "sampling": per_step_us.get("sampling", 0.0)}
+    return {"moe_layer": moe, "dense_layer": dense, "once": once, "us_per_byte_gguf_dense": per_byte}
+
+
+def byte_scale(slice_groups: dict, full_groups: dict | None) -> dict:
+    """Per-layer byte ratios full model / slice (llama-quantize's mix differs by layer); 1 where unknown."""
+    keys = {"routed": "routed_per_moe_layer", "shared": "shared_expert_per_moe_layer",
+            "dense_ffn": "dense_ffn_per_dense_layer", "attn": "attn_gguf_per_layer", "lm_head": "lm_head"}
+    if not full_groups:
+        return dict.fromkeys(keys, 1.0)
+    return {k: (full_groups[v] / slice_groups[v] if slice_groups.get(v) else 1.0) for k, v in keys.items()}
+
+
+def collective_us(gpu: Gpu, nbytes: float, ranks: int, kind: str = "all_reduce") -> float:
+    """Ring all-reduce: 2(N−1)/N × bytes over the bus bandwidth; gather: (N−1)/N × the gathered bytes."""
+    factor = 2 * (ranks - 1) / ranks if kind == "all_reduce" else (ranks - 1) / ranks
+    return gpu.allreduce_latency_us + factor * nbytes / (gpu.link_busbw_gbs * 1e3)  # GB/s → bytes/µs = 1e3
+
+
+def project_step(costs: dict, scale: dict, a: Assumptions, gpu: Gpu, tokens: int, host_us: float,
+                 compute_bound: tuple) -> dict:
+    """µs a step of the full model on `gpu` (one rank of TP a.tp) with `tokens` tokens in the step."""
+    bw_factor = a.measured_bw_gbs / gpu.bandwidth_gbs
+    tf_factor = a.measured_tflops / gpu.bf16_tflops
+    nm, nd = a.layers - a.dense_layers, a.dense_layers
+    moe, dense, once, g = costs["moe_layer"], costs["dense_layer"], costs["once"], costs["groups"]
+    by_group = {k: nm * moe.get(k, 0.0) + nd * dense.get(k, 0.0) + once.get(k, 0.0) for k in GROUPS}
+    # the weight-reading GGUF groups follow the full model's own bytes a layer (scale: full / slice)
+    by_group["gguf_moe"] = nm * moe.get("gguf_moe", 0.0) * scale["routed"]
+    per_byte = costs["us_per_byte_gguf_dense"]
+    by_group["gguf_dense"] = per_byte * (a.layers * g["attn_gguf_per_layer"] * scale["attn"]
+                                         + nm * g["shared_expert_per_moe_layer"] * scale["shared"]
+                                         + nd * g["dense_ffn_per_dense_layer"] * scale["dense_ffn"]
+                                         + g["lm_head"] * scale["lm_head"])
+    scaled = {k: v * (tf_factor if k in compute_bound else bw_factor) for k, v in by_group.items()}
+    kernels = sum(scaled.values())
+    act_bytes = a.hidden * tokens * 2
+    comm = (2 * a.layers + 1) * collective_us(gpu, act_bytes, a.tp)
+    comm += collective_us(gpu, tokens * a.vocab * 2, a.tp, kind="gather")
+    total = kernels + comm + host_us
+    return {"gpu": gpu.name, "tokens": tokens, "h200_us_by_group": {k: round(v, 1) for k, v in by_group.items()},
+            "scaled_us_by_group": {k: round(v, 1) for k, v in scaled.items()}, "kernels_us": round(kernels, 1),
+            "comm_us": round(comm, 1), "host_us": round(host_us, 1), "step_us": round(total, 1),
+            "per_stream_tok_s": round(1e6 / total, 2), "aggregate_tok_s": round(tokens * 1e6 / total, 1)}
+
+
+def host_share_us(part: dict, concurrency: int, kernel_us: float) -> tuple[float, str]:
+    row = next((r for r in part.get("decode", []) if r["concurrency"] == concurrency and r.get("tpot_ms")), None)
+    if row is None:
+        return 0.0, f"no decode row at concurrency {concurrency}: host share taken as 0"
+    return max(row["tpot_ms"] * 1e3 - kernel_us, 0.0), (f"TPOT {row['tpot_ms']} ms at concurrency {concurrency} "
+                                                         f"(prompt {row['in_len']}) − kernels {kernel_us / 1e3:.3f} ms")
+
+
+def project(results: dict, part_key: str = "a", a: Assumptions | None = None, prefill: bool = False,
+            full_groups: dict | None = None) -> dict:
+    a = a or Assumptions()
+    if part_key not in results.get("parts", {}):
+        raise SystemExit(f"no part {part_key!r} in the results (parts: {', '.join(results.get('parts', {}))})")
+    part = results["parts"][part_key]
+    sl = results["slices"][part["slice"]]
+    groups = sl["bytes_by_group"]
+    if sl.get("rank_of") != a.tp:
+        raise SystemExit(f"part {part_key} ran slice {part['slice']} (rank of {sl.get('rank_of')}); the projection "
+                         f"needs the rank-of-{a.tp} slice: one rank's per-layer costs")
+    scale = byte_scale(groups, full_groups)
+    out = {"part": part_key, "slice": part["slice"], "path": part.get("path"), "kernels": part.get("kernels"),
+           "assumptions": a.lines(), "byte_scale": scale, "rows": [], "notes": [],
+           "reference": f"SGLang, NVFP4 weights, 8x RTX PRO 6000: {SGLANG_NVFP4_RTX_PRO_6000_TP8} tokens/s single "
+                        "stream"}
+    windows = [("prefill", None)] if prefill else [("decode_c1", 1), ("decode_c32", 32)]
+    for window, streams in windows:
+        prof = part.get("profile", {}).get(window)
+        if not prof or not prof.get("per_step_us"):
+            out["notes"].append(f"{window}: not measured")
+            continue
+        costs = per_layer_costs(prof["per_step_us"], groups)
+        costs["groups"] = groups
+        slice_kernel_us = sum(prof["per_step_us"].values())
+        if streams:
+            host, why = host_share_us(part, streams, slice_kernel_us)
+            tokens, bound = streams, a.decode_compute_bound
+        else:
+            host, why = 0.0, "prefill: host share ignored"
+            tokens, bound = prof.get("in_len", 8192), a.prefill_compute_bound
+        out["notes"].append(f"{window}: slice kernels {slice_kernel_us / 1e3:.3f} ms a step; host share: {why}")
+        out["per_layer_us_" + window] = {k: ({g: round(v, 2) for g, v in d.items()} if isinstance(d, dict) else d)
+                                         for k, d in costs.items() if k != "groups"}
+        for gpu in a.targets:
+            row = project_step(costs, scale, a, gpu, tokens, host, bound)
+            row.update(window=window, streams=streams)
+            out["rows"].append(row)
+    return out
+
+
+def full_model_groups(results: dict, part_key: str, a: Assumptions) -> dict | None:
+    """The full model's bytes by group at one rank (glm5_shim's slice planner), or None without it."""
+    try:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from slice_parts.weights import plan_groups
+
+        sl = results["slices"][results["parts"][part_key]["slice"]]
+        return plan_groups(a.layers, a.dense_layers, sl["preset"], a.tp)
+    except Exception:  # noqa: BLE001 - the projection then assumes the slice's per-layer bytes
+        return None
+
+
+def format_projection(p: dict) -> str:
+    lines = [f"# Projection of GLM-5 (78 layers, TP 8) from part {p['part']} ({p['slice']}, {p['path']} arm, GGUF "
+             f"kernels {p['kernels']})", "", "Assumptions:"] + [f"  - {x}" for x in p["assumptions"]]
+    lines += ["  - full model / slice bytes a layer: " + ", ".join(f"{k} {v:.3f}" for k, v in p["byte_scale"].items())]
+    lines += [f"  - {n}" for n in p["notes"]]
+    lines += ["", "| machine | window | tokens a step | kernels ms | all-reduce ms | host ms | step ms "
+              "| tok/s a stream | tok/s in all |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in p["rows"]:
+        lines.append(f"| {r['gpu']} | {r['window']} | {r['tokens']} | {r['kernels_us'] / 1e3:.3f} | "
+                     f"{r['comm_us'] / 1e3:.3f} | {r['host_us'] / 1e3:.3f} | {r['step_us'] / 1e3:.3f} | "
+                     f"{r['per_stream_tok_s']} | {r['aggregate_tok_s']} |")
+    lines += ["", f"Reference: {p['reference']}.", "", "Kernel ms a step by group (projected):", ""]
+    for r in p["rows"]:
+        lines.append(f"- {r['gpu']}, {r['window']}: " + ", ".join(f"{k} {v / 1e3:.3f}"
+                                                                  for k, v in r["scaled_us_by_group"].items()))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    d = Assumptions()
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("slice_json")
+    p.add_argument("--part", default="a", help="which part's profile (a: shim arm; b: native, for the H200 row)")
+    p.add_argument("--prefill", action="store_true", help="project the prefill chunk instead of decode")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--no-full-bytes", action="store_true", help="assume the slice's bytes a layer for the full model")
+    p.add_argument("--h200-bw-gbs", type=float, default=d.measured_bw_gbs)
+    p.add_argument("--h200-tflops", type=float, default=d.measured_tflops)
+    p.add_argument("--rtx-bw-gbs", type=float, default=d.targets[0].bandwidth_gbs)
+    p.add_argument("--rtx-tflops", type=float, default=d.targets[0].bf16_tflops)
+    p.add_argument("--pcie-latency-us", type=float, default=d.targets[0].allreduce_latency_us)
+    p.add_argument("--pcie-busbw-gbs", type=float, default=d.targets[0].link_busbw_gbs)
+    p.add_argument("--nvlink-latency-us", type=float, default=d.targets[1].allreduce_latency_us)
+    p.add_argument("--nvlink-busbw-gbs", type=float, default=d.targets[1].link_busbw_gbs)
+    args = p.parse_args(argv)
+    rtx, h200 = d.targets
+    a = Assumptions(measured_bw_gbs=args.h200_bw_gbs, measured_tflops=args.h200_tflops, targets=[
+        Gpu(rtx.name, args.rtx_bw_gbs, args.rtx_tflops, rtx.link, args.pcie_latency_us, args.pcie_busbw_gbs),
+        Gpu(h200.name, args.h200_bw_gbs, args.h200_tflops, h200.link, args.nvlink_latency_us, args.nvlink_busbw_gbs)])
+    results = json.loads(Path(args.slice_json).read_text())
+    full = None if args.no_full_bytes else full_model_groups(results, args.part, a)
+    proj = project(results, args.part, a, prefill=args.prefill, full_groups=full)
+    if args.json:
+        proj["constants"] = asdict(a)
+        print(json.dumps(proj, indent=1))
+    else:
+        print(format_projection(proj))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,307 @@
+"""The parts of `bench/slice_serve.py run`, in priority order, and the run itself: make the slices on the device,
+start one `vllm serve` per part through launch.sh (e2e_parts.servers; reused by the next part when it asks for the
+same server), measure, write DIR/slice.json and DIR/slice.md after every step."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from e2e_parts.arms import Arm
+from e2e_parts.run import gpu_name
+from e2e_parts.servers import start, stop, wait_ready
+from e2e_parts.throughput import ordinary_vocab
+from e2e_parts.vllm_log import kept_lines, startup_numbers
+
+from . import measure
+from .hostmem import PeakRss
+from .report import report
+from .weights import plan_groups
+
+LAYERS, DENSE_LAYERS = 4, 1  # 1 dense + 3 MoE: GLM-5's layer kinds, each timed on its own in the profile
+SLICES = {"r8-Q4_K_M": ("Q4_K_M", 8), "r8-IQ2_M": ("UD-IQ2_M-like", 8), "full-Q4_K_M": ("Q4_K_M", 1)}
+# the serving limits (one server at a time, alone on the GPU)
+MAX_MODEL_LEN = 18432  # a 16k prompt + up to 2k generated
+GPU_MEMORY_UTILIZATION = 0.90
+MAX_NUM_BATCHED_TOKENS = 8192  # the prefill chunk (and the prefill profile's prompt)
+MAX_NUM_SEQS = 64  # e2e_parts.servers.start's, = the highest concurrency measured
+OUT_LEN = 256  # decode tokens a stream
+PROFILE_DECODE_S = 1.5  # a profiled decode window (~200-300 steps of the 4-layer slice)
+PROFILE_MAX_TOKENS = 4096  # the profiled streams' length: they are cancelled when the window closes
+
+
+@dataclass
+class Part:
+    key: str
+    title: str
+    slice: str
+    path: str  # shim | native
+    steps: tuple[str, ...]
+    kernels: str = "shim"  # shim | vllm (GLM5_SHIM_GGUF_KERNELS)
+    concurrency: tuple[int, ...] = (1, 8, 32, 64)
+    in_len: int = 2048
+    est_s: int = 180  # expected wall time with a fresh server (start-up included), for --budget-s
+
+    @property
+    def server_key(self) -> tuple:
+        return (self.slice, self.path, self.kernels)
+
+
+PARTS = {p.key: p for p in (
+    Part("a", "rank-of-8 Q4_K_M, shim arm, GGUF kernels on", "r8-Q4_K_M", "shim",
+         ("startup", "decode", "prefill", "logprobs", "profile"), est_s=240),
+    Part("b", "rank-of-8 Q4_K_M, native arm (FlashMLA sparse + DeepGEMM)", "r8-Q4_K_M", "native",
+         ("startup", "logprobs", "decode", "prefill", "profile"), est_s=200),
+    Part("c", "rank-of-8 Q4_K_M, shim arm, GGUF kernels off (GLM5_SHIM_GGUF_KERNELS=vllm)", "r8-Q4_K_M", "shim",
+         ("startup", "decode", "prefill", "profile"), kernels="vllm", concurrency=(1, 32), est_s=180),
+    Part("d", "rank-of-8 Q4_K_M, shim arm, 16k-token prompts", "r8-Q4_K_M", "shim", ("startup", "decode", "prefill"),
+         in_len=16384, est_s=200),
+    Part("e", "rank-of-8 UD-IQ2_M-like, shim arm", "r8-IQ2_M", "shim", ("startup", "decode", "prefill", "profile"),
+         concurrency=(1, 32), est_s=180),
+    Part("f", "full-width Q4_K_M at TP 1, shim arm", "full-Q4_K_M", "shim",
+         ("startup", "decode", "prefill", "profile"), est_s=300),
+)}
+
+
+@dataclass
+class SliceArm(Arm):
+    """An arm whose environment also sets GLM5_SHIM_GGUF_KERNELS."""
+    kernels: str = "shim"
+    extra_env: dict = field(default_factory=dict)
+    server_key: tuple = ()
+    trace_dir: Path | None = None
+
+    def env(self) -> dict[str, str]:
+        env = super().env()
+        if self.kernels != "shim":
+            env["GLM5_SHIM_GGUF_KERNELS"] = self.kernels
+        env.update(self.extra_env)
+        return env
+
+
+def serve_flags(trace_dir: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(limits, extra) for e2e_parts.servers.start: one server alone on the GPU, CUDA graphs on (vLLM's default),
+    no prefix caching (random prompts are computed, warm-ups do not pre-fill the timed requests), the torch profiler
+    armed (it records only between /start_profile and /stop_profile)."""
+    profiler = {"profiler": "torch", "torch_profiler_dir": str(trace_dir.resolve()), "torch_profiler_with_stack": False,
+                "torch_profiler_record_shapes": False, "ignore_frontend": True,
+                "torch_profiler_dump_cuda_time_total": False, "torch_profiler_use_gzip": True}
+    limits = ("--max-model-len", str(MAX_MODEL_LEN), "--gpu-memory-utilization", str(GPU_MEMORY_UTILIZATION))
+    extra = ("--max-num-batched-tokens", str(MAX_NUM_BATCHED_TOKENS), "--no-enable-prefix-caching",
+             "--profiler-config", json.dumps(profiler))
+    return limits, extra
+
+
+def used_mib() -> int | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20).stdout.split()
+        return int(out[0])
+    except (OSError, subprocess.SubprocessError, IndexError, ValueError):
+        return None
+
+
+def make_slice_file(name: str, slice_dir: Path) -> dict:
+    """Write the slice (make-slice's library call) unless a file of the planned size is there; its bytes by group."""
+    from glm5_shim.gguf.slice.plan import plan_slice
+    from glm5_shim.gguf.slice.writer import slice_info, write_plan
+
+    preset, rank_of = SLICES[name]
+    path = slice_dir / f"{name}.gguf"
+    plan = plan_slice(LAYERS, DENSE_LAYERS, preset, rank_of=rank_of)
+    info = {"name": name, "preset": preset, "rank_of": rank_of, "layers": LAYERS, "dense_layers": DENSE_LAYERS,
+            "bytes_by_group": plan_groups(LAYERS, DENSE_LAYERS, preset, rank_of)}
+    if path.is_file() and path.stat().st_size >= plan.nbytes:
+        info.update(path=str(path), bytes=plan.nbytes, reused=True, file_bytes=path.stat().st_size)
+        return info
+    info.update(slice_info(write_plan(path, plan, seed=0)), file_bytes=path.stat().st_size)
+    return info
+
+
+class Runner:
+    def __init__(self, args):
+        self.args = args
+        self.out = Path(args.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.slice_dir = Path(args.slice_dir)
+        self.t0 = time.time()
+        path = self.out / "slice.json"
+        self.results = json.loads(path.read_text()) if path.is_file() and args.resume else {}
+        self.results.update(date=time.strftime("%Y-%m-%d %H:%M"), command=" ".join(sys.argv), gpu=gpu_name(),
+                            serve={"max_model_len": MAX_MODEL_LEN, "gpu_memory_utilization": GPU_MEMORY_UTILIZATION,
+                                   "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS, "max_num_seqs": MAX_NUM_SEQS,
+                                   "out_len": OUT_LEN, "kv_cache_dtype": "auto", "cuda_graphs": "vLLM default",
+                                   "prefix_caching": False})
+        self.results.setdefault("slices", {})
+        self.results.setdefault("parts", {})
+        self.arm: SliceArm | None = None
+        self.rss: PeakRss | None = None
+        self.vocab: list[int] = []
+        self.servers_started = 0  # each server takes the next port (an old one may linger in TIME_WAIT)
+
+    def elapsed(self) -> float:
+        return time.time() - self.t0
+
+    def save(self) -> None:
+        a, b = self.results["parts"].get("a", {}), self.results["parts"].get("b", {})
+        if a.get("logprobs") and b.get("logprobs"):
+            self.results["logprob_agreement"] = measure.compare_logprobs(a["logprobs"], b["logprobs"])
+        (self.out / "slice.json").write_text(json.dumps(self.results, indent=1))
+        (self.out / "slice.md").write_text(report(self.results))
+
+    def log(self, msg: str) -> None:
+        print(f"[slice] {self.elapsed():6.0f} s  {msg}", flush=True)
+
+    # -- servers ------------------------------------------------------------------------------------------------
+    def server(self, part: Part, res: dict) -> SliceArm:
+        if self.arm is not None and self.arm.server_key == part.server_key and self.arm.proc.poll() is None:
+            res["server"] = f"reused {self.arm.name}"
+            return self.arm
+        self.stop_server()
+        if part.slice not in self.results["slices"]:
+            t = time.time()
+            self.results["slices"][part.slice] = make_slice_file(part.slice, self.slice_dir)
+            self.results["slices"][part.slice]["make_wall_s"] = round(time.time() - t, 1)
+            self.log(f"slice {part.slice}: {self.results['slices'][part.slice]}")
+            self.save()
+        trace_dir = self.out / "traces" / part.key
+        trace_dir.mkdir(parents=True, exist_ok=True)
+        arm = SliceArm(f"{part.key}-{part.slice}-{part.path}" + ("-kernels-off" if part.kernels != "shim" else ""),
+                       part.slice, "auto", part.path, port=self.args.base_port + self.servers_started,
+                       kernels=part.kernels, server_key=part.server_key, trace_dir=trace_dir)
+        limits, extra = serve_flags(trace_dir)
+        self.servers_started += 1
+        start(arm, {part.slice: self.results["slices"][part.slice]["path"]}, self.out, 1, extra=extra, limits=limits)
+        self.arm, self.rss = arm, PeakRss(arm.proc.pid)
+        try:
+            wait_ready(arm, self.args.start_timeout)
+        except RuntimeError:
+            self.startup_record(arm, res, ok=False)
+            raise
+        self.startup_record(arm, res, ok=True)
+        self.vocab = ordinary_vocab(arm)
+        return arm
+
+    def startup_record(self, arm: SliceArm, res: dict, ok: bool) -> None:
+        text = arm.log.read_text(errors="replace") if arm.log and arm.log.exists() else ""
+        nums = startup_numbers(text)
+        info = self.results["slices"][arm.quant]
+        if nums.get("load_s"):
+            nums["load_gb_s"] = round(info["bytes"] / 1e9 / nums["load_s"], 2)
+        used = used_mib() if ok else None
+        if used is not None:
+            nums["gpu_used_gib"] = round(used / 1024, 2)
+            known = sum(nums.get(k, 0.0) for k in ("weights_gib", "available_kv_gib", "graphs_gib"))
+            nums["gpu_other_gib"] = round(nums["gpu_used_gib"] - known, 2)  # CUDA context, activations, workspaces
+        nums["host_rss_peak_gib_startup"] = round(self.rss.peak / 2**30, 2) if self.rss else None
+        res["startup"] = dict(ok=ok, startup_s=arm.startup_s if ok else None, env={k: v for k, v in arm.env().items()
+                                                                              if k.startswith("GLM5_SHIM_")},
+                              **nums, lines=kept_lines(text, 24))
+
+    def stop_server(self) -> None:
+        if self.arm is not None:
+            stop(self.arm)
+            if self.rss:
+                self.rss.stop()
+            self.arm = self.rss = None
+
+    # -- parts --------------------------------------------------------------------------------------------------
+    def run(self) -> int:
+        keys = [k.strip() for k in self.args.parts.split(",") if k.strip()]
+        try:
+            for key in keys:
+                part = PARTS[key]
+                res = self.results["parts"].setdefault(key, {})
+                res.update(title=part.title, slice=part.slice, path=part.path, kernels=part.kernels)
+                reuse = self.arm is not None and self.arm.server_key == part.server_key
+                est = part.est_s - (90 if reuse else 0)
+                if self.args.budget_s and self.elapsed() + est > self.args.budget_s:
+                    res["skipped"] = f"time budget ({self.elapsed():.0f} s used, ~{est} s needed)"
+                    self.log(f"part {key}: {res['skipped']}")
+                    self.save()
+                    continue
+                self.log(f"part {key}: {part.title}")
+                try:
+                    self.run_part(part, res)
+                except Exception as exc:  # noqa: BLE001 - a failed part is recorded; the next one runs
+                    res["error"] = repr(exc)[-1500:]
+                    self.log(f"part {key} failed: {res['error'][:300]}")
+                    self.stop_server()
+                res["host_rss_peak_gib"] = round(self.rss.peak / 2**30, 2) if self.rss else res.get("host_rss_peak_gib")
+                self.save()
+        finally:
+            self.stop_server()
+            self.save()
+        return 0
+
+    def budget_left(self, reserve: float) -> bool:
+        return not self.args.budget_s or self.elapsed() + reserve < self.args.budget_s
+
+    def run_part(self, part: Part, res: dict) -> None:
+        arm = self.server(part, res)
+        self.save()
+        for step in part.steps:
+            if step == "startup":
+                continue
+            if not self.budget_left(30):
+                res.setdefault("skipped_steps", []).append(step)
+                continue
+            self.log(f"part {part.key}: {step}")
+            if step == "decode":
+                rows = res.setdefault("decode", [])
+                for c in part.concurrency:
+                    if not self.budget_left(20 + (part.in_len // 2048) * 3 * (c // 8 + 1)):
+                        res.setdefault("skipped_steps", []).append(f"decode c={c}")
+                        continue
+                    rows.append(measure.decode(arm, c, part.in_len, OUT_LEN, self.vocab))
+                    self.log(f"decode {rows[-1]}")
+                    self.save()
+            elif step == "prefill":
+                n = max(4, min(32, 65536 // part.in_len))
+                res["prefill"] = measure.prefill(arm, min(8, n), n, part.in_len, self.vocab)
+                self.log(f"prefill {res['prefill']}")
+            elif step == "logprobs":
+                res["logprobs"] = measure.first_token_logprobs(arm, measure.logprob_prompts(self.vocab))
+            elif step == "profile":
+                self.profile(part, arm, res)
+            self.save()
+
+    def profile(self, part: Part, arm: SliceArm, res: dict) -> None:
+        prof = res.setdefault("profile", {})
+        decoded = {r["concurrency"]: r for r in res.get("decode", []) if r.get("ttft_ms_max")}
+        for c in self.args.profile_concurrency:
+            if not self.budget_left(40):
+                res.setdefault("skipped_steps", []).append(f"profile decode c={c}")
+                continue
+            ttft = decoded.get(c, {}).get("ttft_ms_max", 3000.0) / 1e3
+            max_tokens = min(PROFILE_MAX_TOKENS, MAX_MODEL_LEN - part.in_len - 8)
+            prof[f"decode_c{c}"] = measure.profile_decode(arm, arm.trace_dir, c, part.in_len, self.vocab, ttft,
+                                                          PROFILE_DECODE_S, max_tokens)
+            self.log(f"profile decode c={c}: {_short(prof[f'decode_c{c}'])}")
+            self.save()
+        if self.budget_left(40):
+            prof["prefill"] = measure.profile_prefill(arm, arm.trace_dir, MAX_NUM_BATCHED_TOKENS, 3, self.vocab)
+            self.log(f"profile prefill: {_short(prof['prefill'])}")
+
+
+def _short(p: dict) -> str:
+    return json.dumps({k: p.get(k) for k in ("steps", "kernels", "per_step_us", "error", "warning") if k in p})
+
+
+def _interrupt(signum, _frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def run(args) -> int:
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    # `timeout` sends SIGTERM: stop the server and write what was measured (Runner.run's finally)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return Runner(args).run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,345 @@
+"""bench/slice_serve.py and bench/projection.py on the CPU: vLLM 0.23's start-up lines parsed, kernel names
+classified, a chrome trace grouped per step, the decode window, the log-prob comparison, the projection's arithmetic,
+and a whole part against the stand-in server (tests/fake_openai_server.py through tests/fake_launch.sh)."""
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO, bench_module
+
+slice_serve = bench_module("slice_serve")  # puts bench/ on sys.path: slice_parts and e2e_parts import below
+projection = bench_module("projection")
+
+from e2e_parts.vllm_log import kept_lines, startup_numbers  # noqa: E402
+from slice_parts import kernels, measure, parts  # noqa: E402
+from slice_parts.report import report  # noqa: E402
+from slice_parts.weights import plan_groups, weight_groups  # noqa: E402
+
+FIXTURE = REPO / "tests" / "fixtures" / "slice_example.json"
+
+
+def test_startup_lines_of_vllm_0_23_are_parsed():
+    # each line formatted with vLLM 0.23.0's own format string (source file and line in e2e_parts/vllm_log.py)
+    log = "\n".join([
+        "(EngineCore pid=12) INFO 12-02 10:00:01 [gpu_model_runner.py:5188] Model loading took %s GiB memory and "
+        "%.6f seconds" % ("2.38", 4.5),
+        "(EngineCore pid=12) INFO 12-02 10:00:09 [gpu_worker.py:481] Available KV cache memory: %s GiB" % "110.5",
+        "(EngineCore pid=12) INFO 12-02 10:00:09 [kv_cache_utils.py:1744] GPU KV cache size: %s tokens"
+        % f"{21458944:,}",
+        "(EngineCore pid=12) INFO 12-02 10:00:20 [gpu_model_runner.py:6586] Graph capturing finished in %.0f secs, "
+        "took %.2f GiB" % (11.4, 0.62),
+        "(EngineCore pid=12) INFO 12-02 10:00:20 [core.py:307] init engine (profile, create kv cache, warmup model) "
+        "took %.2f s (compilation: %.2f s)" % (18.4, 9.1),
+        "(APIServer pid=1) INFO 12-02 10:00:30 [api_server.py:1] Starting vLLM API server 0 on http://0.0.0.0:8400",
+    ])
+    n = startup_numbers(log)
+    assert n["weights_gib"] == 2.38 and n["load_s"] == 4.5
+    assert n["available_kv_gib"] == 110.5 and n["kv_tokens"] == 21458944
+    assert n["graphs_gib"] == 0.62 and n["graphs_s"] == 11
+    assert n["init_engine_s"] == 18.4 and n["compile_s"] == 9.1
+    assert n["kv_bytes_per_token"] == round(110.5 * 2**30 / 21458944, 1)
+    kept = kept_lines(log)
+    assert len(kept) == 5 and kept[0].startswith("Model loading took 2.38 GiB")
+    # without compilation the init line has no parenthesis; the number is still found
+    line = "init engine (profile, create kv cache, warmup model) took 7.25 s"
+    assert startup_numbers(line) == {"init_engine_s": 7.25}
+
+
+@pytest.mark.parametrize("name,group", [
+    ("_moe_kernel", "gguf_moe"), ("_linear_kernel", "gguf_dense"), ("_dequant_kernel", "gguf_dense"),
+    ("void moe_q4_K<c10::BFloat16, false>(void const*, void const*)", "gguf_moe"),
+    ("void moe_vec_q<c10::BFloat16, 256, 32, 4>(...)", "gguf_moe"),
+    ("void mul_mat_vec_q<c10::BFloat16, 256, 32, 4, block_q4_K>(...)", "gguf_dense"),
+    ("void mul_mat_q4_K<c10::BFloat16, false>(...)", "gguf_dense"),
+    ("void quantize_q8_1<c10::BFloat16>(c10::BFloat16 const*, void*, int, int)", "gguf_dense"),
+    ("void vllm::moe::topkGatingSoftmax<8, 256>(...)", "gguf_moe"),
+    ("void vllm::moe::grouped_topk_fused_kernel<float>(...)", "gguf_moe"),
+    ("_sparse_mla_fwd_kernel", "attention"), ("_sparse_mla_combine_kernel", "attention"),
+    ("_convert_kernel", "attention"),
+    ("void flash::flash_fwd_splitkv_mla_kernel<...>(...)", "attention"),
+    ("void vllm::concat_and_cache_ds_mla_kernel<...>(...)", "attention"),
+    ("void get_mla_metadata_kernel<64>(...)", "attention"), ("_sparse_mla_fwd_kernel_0d1d2d3d", "attention"),
+    ("void sm90::fwd::sparse_attn_fwd_kernel<...>(...)", "attention"),
+    ("void vllm::moe::group_idx_and_topk_idx_kernel<float>(...)", "gguf_moe"),
+    ("void vllm::moe_align_block_size_kernel<int>(...)", "gguf_moe"),
+    ("_mqa_logits_kernel", "indexer"), ("_paged_mqa_logits_kernel", "indexer"), ("_fill_outside_kernel", "indexer"),
+    ("void deep_gemm::sm90_fp8_paged_mqa_logits<64, 128>(...)", "indexer"),
+    ("void vllm::indexer_k_quant_and_cache_kernel<...>(...)", "indexer"),
+    ("void vllm::top_k_per_row_decode<...>(...)", "indexer"),
+    ("void vllm::fused_add_rms_norm_kernel<c10::BFloat16, 8>(...)", "norm_rope_act"),
+    ("void vllm::rotary_embedding_kernel<c10::BFloat16, true>(...)", "norm_rope_act"),
+    ("void vllm::act_and_mul_kernel<...>(...)", "norm_rope_act"),
+    ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_3", "norm_rope_act"),
+    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>>>",
+     "sampling"),
+    ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, LogSoftMaxForwardEpilogue>",
+     "sampling"),
+    ("nvjet_tst_128x64_64x8_1x1_v_bz_TNT", "other"), ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", "other"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, ...>", "other"),
+])
+def test_kernel_names_fall_in_their_groups(name, group):
+    assert kernels.classify(name) == group
+
+
+def test_other_kernels_are_split_by_kind():
+    assert kernels.other_kind("nvjet_tst_128x64_64x8_1x1_v_bz_TNT") == "gemm (cuBLAS/CUTLASS)"
+    assert kernels.other_kind("ncclDevKernel_AllReduce_Sum_bf16_RING_LL") == "all-reduce"
+    assert kernels.other_kind("void at::native::vectorized_elementwise_kernel<4, FillFunctor>") == "copy/fill"
+
+
+def _ev(cat, name, ts, dur, tid=1, corr=None):
+    e = {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid}
+    if corr is not None:
+        e["args"] = {"correlation": corr}
+    return e
+
+
+def synthetic_trace() -> dict:
+    """Two decode steps; in the second, a cuBLAS gemm is launched from inside the shim's GGUF linear op (the
+    dequantize-then-gemm prefill path) and must count as GGUF dense; a gemm launched outside stays "other"."""
+    ev = [
+        _ev("user_annotation", "execute_context_0(0)_generation_4(4)", 0, 100),
+        _ev("cuda_runtime", "cudaGraphLaunch", 5, 3, corr=1),
+        _ev("kernel", "_moe_kernel", 20, 40, tid=7, corr=1),
+        _ev("kernel", "_sparse_mla_fwd_kernel", 60, 10, tid=7, corr=1),
+        _ev("kernel", "nvjet_tst_64x8_64x16_4x1_v_bz_TNT", 70, 5, tid=7, corr=1),
+        _ev("user_annotation", "execute_context_0(0)_generation_4(4)", 200, 100),
+        _ev("cpu_op", "vllm::glm5_gguf_linear", 205, 20),
+        _ev("cuda_runtime", "cudaLaunchKernel", 210, 2, corr=2),
+        _ev("cuda_runtime", "cudaLaunchKernel", 215, 2, corr=3),
+        _ev("kernel", "_dequant_kernel", 230, 6, tid=7, corr=2),
+        _ev("kernel", "nvjet_tst_256x128_64x4_1x2_h_bz_coopA_NNT", 240, 30, tid=7, corr=3),
+        _ev("cuda_runtime", "cudaLaunchKernel", 260, 2, corr=4),
+        _ev("kernel", "void at::native::reduce_kernel<ArgMaxOps<float>>", 280, 4, tid=7, corr=4),
+        _ev("kernel", "_paged_mqa_logits_kernel", 290, 12, tid=7, corr=4),
+        {"ph": "i", "cat": "instant", "name": "ignored", "ts": 1},
+    ]
+    return {"traceEvents": ev}
+
+
+def test_a_trace_is_grouped_per_step(tmp_path):
+    g = kernels.group_trace(synthetic_trace())
+    assert g["steps"] == 2 and g["kernels"] == 7
+    assert g["kernel_us"] == {"gguf_moe": 40.0, "gguf_dense": 36.0, "attention": 10.0, "indexer": 12.0,
+                              "norm_rope_act": 0.0, "sampling": 4.0, "other": 5.0}
+    assert g["per_step_us"]["gguf_dense"] == 18.0 and g["per_step_us"]["gguf_moe"] == 20.0
+    assert g["total_us"] == 107.0 and g["gpu_span_us"] == 302 - 20
+    assert g["other_kinds"] == {"gemm (cuBLAS/CUTLASS)": 5.0}
+    assert g["top"]["gguf_dense"][0] == ["nvjet_tst_256x128_64x4_1x2_h_bz_coopA_NNT", 30.0, 1]
+    # the file forms vLLM's profiler writes (gzip) load the same
+    path = tmp_path / "dp0_pp0_tp0.123.pt.trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump(synthetic_trace(), f)
+    assert kernels.newest_trace(tmp_path) == path
+    assert kernels.group_trace(kernels.load_trace(path)) == g
+
+
+def test_decode_window_counts_only_tokens_while_every_stream_decodes():
+    # stream A: first token at 1.0, then every 0.1 s to 3.0; stream B starts at 1.5 and ends at 2.5
+    a = [1.0 + 0.1 * i for i in range(21)]
+    b = [1.5 + 0.1 * i for i in range(11)]
+    w = measure.decode_window([a, b])
+    assert w["window_s"] == pytest.approx(1.0)
+    # inside (1.5, 2.5]: A has 10 stamps (1.6..2.5), B has 10 (1.6..2.5)
+    assert w["window_tokens"] == 20 and w["decode_tok_s"] == pytest.approx(20.0)
+    assert w["per_stream_tok_s"] == pytest.approx(10.0)
+    assert measure.decode_window([[1.0]])["decode_tok_s"] is None  # one token: no decode at all
+
+
+def test_logprobs_are_compared_token_by_token():
+    shim = [{"prompt_tokens": 64, "id": 5, "top": {"5": -0.50, "7": -1.20, "9": -3.0}},
+            {"prompt_tokens": 600, "id": 3, "top": {"3": -0.69, "4": -0.70}}]
+    native = [{"prompt_tokens": 64, "id": 5, "top": {"5": -0.52, "7": -1.15, "8": -4.0}},
+              {"prompt_tokens": 600, "id": 4, "top": {"4": -0.68, "3": -0.71}}]
+    c = measure.compare_logprobs(shim, native)
+    assert c["same_top1"] == 1 and c["of"] == 2
+    r0, r1 = c["rows"]
+    assert r0["top1_dlogprob"] == pytest.approx(0.02) and r0["max_dlogprob_common"] == pytest.approx(0.05)
+    assert r0["common_of_5"] == 2 and r0["top2_gap"] == pytest.approx(0.7)
+    assert not r1["same_top1"] and r1["top2_gap"] == pytest.approx(0.01)  # a near tie explains the flip
+    assert c["max_top1_dlogprob"] == pytest.approx(0.02)
+
+
+def test_weight_groups_add_up_and_follow_the_rank():
+    r8 = plan_groups(4, 1, "Q4_K_M", 8)
+    full = plan_groups(4, 1, "Q4_K_M", 1)
+    per_layer = (r8["moe_layers"] * (r8["routed_per_moe_layer"] + r8["shared_expert_per_moe_layer"]
+                                     + r8["router_per_moe_layer"])
+                 + r8["dense_layers"] * r8["dense_ffn_per_dense_layer"]
+                 + r8["layers"] * (r8["attn_gguf_per_layer"] + r8["attn_other_per_layer"]))
+    assert abs(r8["total"] - per_layer - r8["lm_head"] - r8["embedding"] - r8["norms"]) < 16  # per-layer rounding
+    assert r8["norms"] == 4 * (2 * 6144 + 2048 + 512 + 2 * 128) * 4 + 6144 * 4  # F32 norm weights (and k_norm bias)
+    assert full["routed_per_moe_layer"] == 8 * r8["routed_per_moe_layer"]
+    assert full["lm_head"] == 8 * r8["lm_head"]
+    g = weight_groups([("blk.0.attn_q_a.weight", "Q4_K", 10), ("blk.0.attn_k_b.weight", "Q5_0", 3),
+                       ("blk.0.indexer.proj.weight", "Q4_K", 2), ("blk.0.attn_norm.weight", "F32", 1),
+                       ("blk.1.ffn_up_exps.weight", "Q4_K", 100), ("blk.1.ffn_gate_inp.weight", "F32", 7),
+                       ("output.weight", "Q6_K", 50)], layers=2, dense_layers=1)
+    assert g["attn_gguf_per_layer"] == 5 and g["attn_other_per_layer"] == 2  # k_b and indexer.proj: not GGUF matmuls
+    assert g["routed_per_moe_layer"] == 100 and g["router_per_moe_layer"] == 7 and g["lm_head"] == 50
+
+
+def test_per_layer_costs_add_back_to_the_measured_step():
+    res = json.loads(FIXTURE.read_text())
+    groups = res["slices"]["r8-Q4_K_M"]["bytes_by_group"]
+    per_step = res["parts"]["a"]["profile"]["decode_c1"]["per_step_us"]
+    c = projection.per_layer_costs(per_step, groups)
+    nm, nd = groups["moe_layers"], groups["dense_layers"]
+    total = (nm * sum(c["moe_layer"].values()) + nd * sum(c["dense_layer"].values()) + sum(c["once"].values()))
+    assert total == pytest.approx(sum(per_step.values()))
+    assert c["moe_layer"]["gguf_moe"] == pytest.approx(per_step["gguf_moe"] / nm)
+    assert c["once"]["sampling"] == per_step["sampling"]
+
+
+def _rows(p):
+    return {(r["gpu"], r["window"]): r for r in p["rows"]}
+
+
+def test_projection_arithmetic():
+    res = json.loads(FIXTURE.read_text())
+    a = projection.Assumptions()
+    base = _rows(projection.project(res, "a", a))
+    rtx = base[("8x RTX PRO 6000 Blackwell", "decode_c1")]
+    h200 = base[("8x H200", "decode_c1")]
+    # the H200 row at the measured bandwidth is the slice's per-layer time × the full model's layer counts
+    per_step = res["parts"]["a"]["profile"]["decode_c1"]["per_step_us"]
+    nm = 75
+    assert h200["scaled_us_by_group"]["gguf_moe"] == pytest.approx(nm * per_step["gguf_moe"] / 3, rel=1e-3)
+    assert h200["scaled_us_by_group"]["sampling"] == pytest.approx(per_step["sampling"], rel=1e-3)
+    # bandwidth ratio: every decode group of the RTX row is the H200 one × 4270 / 1800
+    for k, v in h200["scaled_us_by_group"].items():
+        assert rtx["scaled_us_by_group"][k] == pytest.approx(v * 4270 / 1800, rel=1e-3)
+    # doubling the target's bandwidth halves the bandwidth-bound part and leaves the rest
+    fast = copy.deepcopy(a)
+    fast.targets[0].bandwidth_gbs *= 2
+    rtx2 = _rows(projection.project(res, "a", fast))[("8x RTX PRO 6000 Blackwell", "decode_c1")]
+    assert rtx2["kernels_us"] == pytest.approx(rtx["kernels_us"] / 2, rel=1e-3)
+    assert rtx2["comm_us"] == rtx["comm_us"] and rtx2["host_us"] == rtx["host_us"]
+    # communication: 2 all-reduces a layer + 1 (embedding) of 6144 × T bf16, and one logits gather
+    g = a.targets[0]
+    ar = g.allreduce_latency_us + 2 * 7 / 8 * 6144 * 2 / (g.link_busbw_gbs * 1e3)
+    gather = g.allreduce_latency_us + 7 / 8 * 154880 * 2 / (g.link_busbw_gbs * 1e3)
+    assert rtx["comm_us"] == pytest.approx(157 * ar + gather, abs=0.2)
+    # host share: the measured TPOT minus the kernels a step (1.0 ms − 0.66 ms in the fixture), on every machine
+    assert rtx["host_us"] == pytest.approx(340.0) and h200["host_us"] == pytest.approx(340.0)
+    assert rtx["step_us"] == pytest.approx(rtx["kernels_us"] + rtx["comm_us"] + rtx["host_us"], abs=0.2)
+    assert rtx["per_stream_tok_s"] == pytest.approx(1e6 / rtx["step_us"], rel=1e-3)
+    c32 = base[("8x H200", "decode_c32")]
+    assert c32["tokens"] == 32 and c32["aggregate_tok_s"] == pytest.approx(32 * c32["per_stream_tok_s"], rel=1e-3)
+    # a compute-bound group scales by tensor throughput instead
+    cb = copy.deepcopy(a)
+    cb.decode_compute_bound = ("gguf_moe",)
+    rtx3 = _rows(projection.project(res, "a", cb))[("8x RTX PRO 6000 Blackwell", "decode_c1")]
+    assert rtx3["scaled_us_by_group"]["gguf_moe"] == pytest.approx(
+        h200["scaled_us_by_group"]["gguf_moe"] * 989 / 500, rel=1e-3)
+
+
+def test_projection_uses_the_full_models_bytes_a_layer():
+    res = json.loads(FIXTURE.read_text())
+    full = plan_groups(78, 3, "Q4_K_M", 8)
+    same = _rows(projection.project(res, "a"))[("8x H200", "decode_c1")]
+    mixed = _rows(projection.project(res, "a", full_groups=full))[("8x H200", "decode_c1")]
+    scale = full["routed_per_moe_layer"] / res["slices"]["r8-Q4_K_M"]["bytes_by_group"]["routed_per_moe_layer"]
+    assert mixed["scaled_us_by_group"]["gguf_moe"] == pytest.approx(same["scaled_us_by_group"]["gguf_moe"] * scale,
+                                                                    rel=1e-3)
+
+
+def test_projection_command_prints_every_assumption(capsys):
+    assert projection.main([str(FIXTURE), "--no-full-bytes"]) == 0
+    out = capsys.readouterr().out
+    for needle in ("78 layers", "4270 GB/s (measured copy)", "1800 GB/s", "PCIe", "51.6 tokens/s single stream",
+                   "host's share", "| 8x RTX PRO 6000 Blackwell | decode_c1 | 1 |", "| 8x H200 | decode_c32 | 32 |"):
+        assert needle in out, needle
+    res = json.loads(FIXTURE.read_text())
+    res["slices"]["r8-Q4_K_M"]["rank_of"] = 1
+    with pytest.raises(SystemExit, match="rank-of-8"):
+        projection.project(res, "a")
+    with pytest.raises(SystemExit, match="no part 'b'"):
+        projection.project(res, "b")
+
+
+def test_report_renders_the_fixture():
+    md = report(json.loads(FIXTURE.read_text()))
+    assert "## Kernel time per engine step" in md and "| a | decode_c32 | 100 |" in md
+    assert "| a | 2048 | 32 | 16000.0 |" in md
+
+
+def test_a_part_against_the_stand_in_server(tmp_path, monkeypatch):
+    """Part a end to end on the CPU: launch.sh replaced by the stand-in server (which prints vLLM's start-up lines
+    and writes a small trace on /stop_profile); the slice file is not written (make_slice_file stubbed)."""
+    import e2e_parts.servers as servers
+
+    monkeypatch.setattr(servers, "LAUNCH", REPO / "tests" / "fake_launch.sh")
+    model = tmp_path / "r8.gguf"
+    model.write_bytes(b"GGUF")
+    groups = plan_groups(4, 1, "Q4_K_M", 8)
+    monkeypatch.setattr(parts, "make_slice_file", lambda name, d: {
+        "name": name, "preset": "Q4_K_M", "rank_of": 8, "path": str(model), "bytes": groups["total"],
+        "bytes_by_group": groups})
+    monkeypatch.setattr(parts, "OUT_LEN", 24)
+    monkeypatch.setattr(parts, "PROFILE_DECODE_S", 0.2)
+    monkeypatch.setattr(parts, "PROFILE_MAX_TOKENS", 64)
+    monkeypatch.setattr(parts.PARTS["a"], "concurrency", (1, 8))
+    out = tmp_path / "out"
+    assert slice_serve.main(["run", "--out", str(out), "--parts", "a", "--base-port", str(_free_port()),
+                             "--start-timeout", "60"]) == 0
+    res = json.loads((out / "slice.json").read_text())
+    a = res["parts"]["a"]
+    assert "error" not in a, a.get("error")
+    st = a["startup"]
+    assert st["ok"] and st["weights_gib"] == 2.38 and st["load_s"] == 4.5
+    assert st["load_gb_s"] == round(groups["total"] / 1e9 / 4.5, 2)
+    assert st["env"] == {"GLM5_SHIM_ATTENTION": "triton", "GLM5_SHIM_INDEXER": "triton"}
+    assert a["host_rss_peak_gib"] > 0
+    assert [r["concurrency"] for r in a["decode"]] == [1, 8]
+    assert all(r["errors"] == 0 and r["output_tokens"] == r["concurrency"] * 24 for r in a["decode"])
+    assert a["prefill"]["errors"] == 0 and a["prefill"]["prefill_tok_s"] > 0
+    assert len(a["logprobs"]) == 5 and all("top" in x for x in a["logprobs"])
+    prof = a["profile"]
+    assert set(prof) == {"decode_c1", "decode_c32", "prefill"}
+    for window in prof.values():
+        assert window["steps"] == 3 and window["per_step_us"]["gguf_moe"] == 30.0, window
+        assert window["per_step_us"]["indexer"] == 8.0 and window["start_status"] == 200
+    md = (out / "slice.md").read_text()
+    assert "## Start-up and memory" in md and "## Decode" in md and "## Kernel time per engine step" in md
+
+
+def test_the_budget_skips_parts_that_would_not_finish(tmp_path):
+    out = tmp_path / "out"
+    assert slice_serve.main(["run", "--out", str(out), "--parts", "a,b", "--budget-s", "10"]) == 0
+    res = json.loads((out / "slice.json").read_text())
+    assert all("time budget" in res["parts"][k]["skipped"] for k in ("a", "b"))
+    assert "time budget" in (out / "slice.md").read_text()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unknown_parts_are_refused():
+    with pytest.raises(SystemExit):
+        slice_serve.main(["run", "--out", "/tmp/x", "--parts", "a,z"])
+
+
+def test_parts_serve_alone_on_the_gpu_with_the_profiler_armed(tmp_path):
+    limits, extra = parts.serve_flags(tmp_path)
+    assert limits == ("--max-model-len", "18432", "--gpu-memory-utilization", "0.9")
+    assert "--enforce-eager" not in extra and "--no-enable-prefix-caching" in extra
+    cfg = json.loads(extra[extra.index("--profiler-config") + 1])
+    assert cfg["profiler"] == "torch" and Path(cfg["torch_profiler_dir"]).is_absolute()
+    assert cfg["ignore_frontend"] and not cfg["torch_profiler_with_stack"]
+    assert [p.key for p in parts.PARTS.values()] == list("abcdef")
+    assert parts.PARTS["c"].kernels == "vllm" and parts.PARTS["b"].path == "native"
+    arm = parts.SliceArm("c", "r8-Q4_K_M", "auto", "shim", kernels="vllm")
+    env = arm.env()
+    assert env["GLM5_SHIM_GGUF_KERNELS"] == "vllm" and env["GLM5_SHIM_ATTENTION"] == "triton"
+    assert "GLM5_SHIM_ATTENTION" not in parts.SliceArm("b", "r8-Q4_K_M", "auto", "native").env()
