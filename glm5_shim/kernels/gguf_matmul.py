@@ -241,42 +241,62 @@ def _weight_tile(wp, i, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _q45_group_scales(w0, w1, w2, w3, hf, j: tl.constexpr):
-    """(scale, min) of group 4 hf + j of Q4_K/Q5_K super-blocks whose first 16 bytes are the words w0..w3 ([BN]
-    int32): w0 = fp16 d | fp16 dmin; the 12 bytes s[0..11] (w1-w3) pack groups 0-3 in the low 6 bits of s[0..3]
-    (scales) and s[4..7] (mins), groups 4-7 in the nibbles of s[8..11] with their top 2 bits in the high bits of
-    s[0..3] / s[4..7].  Exact in float32 (fp16 x 6-bit integer)."""
-    b1 = (w1 >> (8 * j)) & 255
-    b2 = (w2 >> (8 * j)) & 255
-    b3 = (w3 >> (8 * j)) & 255
+def _q45_scales(w0, w1, w2, w3, hf, OFF: tl.constexpr, F32: tl.constexpr):
+    """(scale s, OFF s + m, or m for F32) of the 4 groups of step half ``hf`` of Q4_K/Q5_K super-blocks whose first 16 bytes are the
+    words w0..w3 ([BN] int32), as [BN, 2, 2] indexed (chunk, nibble): group 4 hf + 2 chunk + nibble."""
+    j = 2 * tl.arange(0, 2)[None, :, None] + tl.arange(0, 2)[None, None, :]
+    b1 = (w1[:, None, None] >> (8 * j)) & 255
+    b2 = (w2[:, None, None] >> (8 * j)) & 255
+    b3 = (w3[:, None, None] >> (8 * j)) & 255
     sc = tl.where(hf == 0, b1 & 63, (b3 & 15) | ((b1 >> 6) << 4))
     mn = tl.where(hf == 0, b2 & 63, (b3 >> 4) | ((b2 >> 6) << 4))
     d = (w0 & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
     dmin = ((w0 >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    return d * sc.to(tl.float32), dmin * mn.to(tl.float32)
+    s = d[:, None, None] * sc.to(tl.float32)
+    m = dmin[:, None, None] * mn.to(tl.float32)
+    if F32:
+        return s, m
+    else:
+        return s, s * OFF + m  # tensor first: the interpreter keeps constexpr * tensor a constexpr
+
+
+@triton.jit
+def _pick(t, cc: tl.constexpr, h: tl.constexpr):
+    """t[:, cc, h] of a [BN, 2, 2] tile."""
+    t0, t1 = tl.split(t)
+    if h == 0:
+        u = t0
+    else:
+        u = t1
+    u0, u1 = tl.split(u)
+    if cc == 0:
+        return u0
+    else:
+        return u1
 
 
 @triton.jit
 def _q45_step(acc, xp, m_ok, wp, i, QTYPE: tl.constexpr, BF16: tl.constexpr, F32: tl.constexpr,
-              DOT_PRECISION: tl.constexpr):
+              POST_SCALE: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
     """acc += x[:, 128 i : 128 i + 128] @ W[:, 128 i : 128 i + 128].T for Q4_K / Q5_K rows at ``wp`` ([BN]); xp:
-    [BM, 32] pointers to each row's first 32 activations.  One dot per group of 32 values (one scale and min).
+    [BM, 32] pointers to each row's first 32 activations.  One dot per group of 32 values (one scale s, one min m),
+    on the codes as the exact numbers OFF + n (:func:`_nibbles`; w = s n - m):
 
-    A code n arrives as the exact number OFF + n (:func:`_nibbles`); w = s n - m is then one float32 FMA,
-    (OFF + n) s - (OFF s + m): the product is exact and OFF s + m is rounded once in float32 (2**-24 relative), far
-    below the single rounding of w to the activation dtype that follows (2**-9 bf16, 2**-12 fp16) — the rounding
-    vLLM's bf16 weights carry.  (A scale applied to the dot's result instead would skip that rounding, but in a
-    decode tile every column's scales are needed by 8 threads each: it measured more instructions, offline.)"""
+    POST_SCALE (decode tiles, 16 rows): s and m are applied to the dot's [BM, BN] result,
+    sum_k x w = s dot(x, OFF + n) - (OFF s + m) sum_k x, with sum_k x a dot of x and ones (two MMAs, no shuffles).
+    Nothing is rounded before the float32 accumulator.  Offline SASS (sm_90, 64 x 128 weights a step): 389
+    instructions a thread, against 557 for the pre-scaled form below.
+    Otherwise (prefill tiles, where BM rows share each decoded weight, and the post-scale's two FMAs per accumulator
+    element would cost BM/16 per weight): w = (OFF + n) s - (OFF s + m), one float32 FMA with an exact product and
+    OFF s + m rounded once (2**-24), then w rounded once to the activation dtype (2**-9 bf16, 2**-12 fp16) — the
+    rounding vLLM's bf16 weights carry."""
     SB: tl.constexpr = 144 if QTYPE == 12 else 176
     QS: tl.constexpr = 16 if QTYPE == 12 else 48
     OFF: tl.constexpr = NIBBLE_OFFSET_BF16 if BF16 else NIBBLE_OFFSET_FP16
     sbp = wp + (i // 2) * SB
     hp = sbp.to(tl.pointer_type(tl.int32))
-    w0 = tl.load(hp)
-    w1 = tl.load(hp + 1)
-    w2 = tl.load(hp + 2)
-    w3 = tl.load(hp + 3)
     hf = i % 2
+    s4, c4 = _q45_scales(tl.load(hp), tl.load(hp + 1), tl.load(hp + 2), tl.load(hp + 3), hf, OFF, F32)
     for cc in tl.static_range(2):
         c = hf * 2 + cc  # 32-byte chunk of the super-block: groups 2c (low nibbles) and 2c + 1 (high)
         codes = tl.load(sbp[:, None] + QS + 32 * c + tl.arange(0, 32)[None, :])
@@ -290,14 +310,21 @@ def _q45_step(acc, xp, m_ok, wp, i, QTYPE: tl.constexpr, BF16: tl.constexpr, F32
                 w = lo
             else:
                 w = hi
-            s, m = _q45_group_scales(w0, w1, w2, w3, hf, 2 * cc + h)
+            s = _pick(s4, cc, h)
+            c = _pick(c4, cc, h)
             a = tl.load(xp + 128 * i + 32 * (2 * cc + h), mask=m_ok[:, None], other=0.0)
-            if F32:  # fp32 activations: subtract OFF exactly first, the weights stay exact to 2**-24
-                wf = (w.to(tl.float32) - OFF) * s[:, None] - m[:, None]
+            if F32:  # fp32 activations (tests): the codes as exact float32 n, an ieee dot
+                wd = w.to(tl.float32) - OFF
             else:
-                c = s * OFF + m
-                wf = w.to(tl.float32) * s[:, None] - c[:, None]
-            acc = tl.dot(a, tl.trans(wf.to(a.dtype)), acc, input_precision=DOT_PRECISION)
+                wd = w
+            if POST_SCALE:
+                d = tl.dot(a, tl.trans(wd.to(a.dtype)), input_precision=DOT_PRECISION)
+                e = tl.dot(a, tl.full((32, BLOCK_N), 1.0, a.dtype), input_precision=DOT_PRECISION)
+                acc = acc + d * s[None, :]
+                acc = acc - e * c[None, :]
+            else:
+                wf = wd.to(tl.float32) * s[:, None] - c[:, None]
+                acc = tl.dot(a, tl.trans(wf.to(a.dtype)), acc, input_precision=DOT_PRECISION)
     return acc
 
 
@@ -327,7 +354,7 @@ def _linear_kernel(x_ptr, w_ptr, out_ptr, M, N, stride_xm, stride_wn, stride_os,
         xq = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + tl.arange(0, 32)[None, :]
         for i in range(first, last):
             acc = _q45_step(acc, xq, m_ok, wp, i, QTYPE, x_ptr.dtype.element_ty == tl.bfloat16,
-                            x_ptr.dtype.element_ty == tl.float32, DOT_PRECISION)
+                            x_ptr.dtype.element_ty == tl.float32, BLOCK_M <= 16, DOT_PRECISION, BLOCK_N)
     else:
         raw = _load_step(wp, first, QTYPE)
         for i in range(first, last):
@@ -388,9 +415,9 @@ def _moe_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_p
         F32: tl.constexpr = x_ptr.dtype.element_ty == tl.float32
         xq = x_ptr + (ids // a_row_div)[:, None] * stride_xm + tl.arange(0, 32)[None, :]
         for i in range(first, last):
-            acc = _q45_step(acc, xq, ok, wp_g, i, QTYPE, BF16, F32, DOT_PRECISION)
+            acc = _q45_step(acc, xq, ok, wp_g, i, QTYPE, BF16, F32, BLOCK_M <= 16, DOT_PRECISION, BLOCK_N)
             if GATED:
-                acc_u = _q45_step(acc_u, xq, ok, wp_u, i, QTYPE, BF16, F32, DOT_PRECISION)
+                acc_u = _q45_step(acc_u, xq, ok, wp_u, i, QTYPE, BF16, F32, BLOCK_M <= 16, DOT_PRECISION, BLOCK_N)
     else:
         raw_g = _load_step(wp_g, first, QTYPE)
         raw_u = _load_step(wp_u, first, QTYPE) if GATED else raw_g
