@@ -92,62 +92,66 @@ def _load_step(wp, i, QTYPE: tl.constexpr):
         return words, qb, qh, qh
 
 
-# Q4_K/Q5_K codes become exact small integers in the activation dtype by bit operations alone (no int-to-float
-# conversion: that runs at a quarter of the FMA rate and made the first kernels issue-bound): OFF + n is a number
-# whose low mantissa bits are n — bf16 0x4300 | n = 128 + n, fp16 0x6400 | n = 1024 + n.
-NIBBLE_OFFSET_BF16 = tl.constexpr(128.0)
-NIBBLE_OFFSET_FP16 = tl.constexpr(1024.0)
+# Q4_K/Q5_K codes become exact numbers by bit operations alone (no int-to-float conversion: that runs at a quarter of
+# the FMA rate and made the first kernels issue-bound).  A b-bit code n is put in the top mantissa bits of the 16-bit
+# number 2.0 (bits 0x4000 in bf16 and fp16 alike), which is then CODE_OFFSET + n * unit, unit = 2**(1 - b): 4-bit
+# codes are 2 + n/8, 5-bit codes 2 + n/16, in either dtype.  The offset is only 16x (32x) the code's unit, so
+# removing it after a float32 dot costs ~4-5 bits of float32's 24, not 7-10 as codes in the low mantissa bits would
+# (bf16 128 + n, fp16 1024 + n).
+CODE_OFFSET = tl.constexpr(2.0)
+CODE_INV_UNIT_Q4 = tl.constexpr(8.0)
+CODE_INV_UNIT_Q5 = tl.constexpr(16.0)
 
-# lo / hi nibbles of 4 code bytes (one 32-bit register) -> 4 + 4 16-bit numbers OFF + n: prmt spreads bytes b0 b1
-# (b2 b3) into the two halves of a register, lop3 keeps a nibble of each half and ors in the magic exponent.
-_NIBBLE_ASM = """{
-.reg .b32 t0, t1, t2, t3;
-prmt.b32 t0, $4, 0, 0x4140;
-prmt.b32 t1, $4, 0, 0x4342;
-shr.u32 t2, t0, 4;
-shr.u32 t3, t1, 4;
-lop3.b32 $0, t0, 0x000F000F, MAGIC, 0xEA;
-lop3.b32 $1, t1, 0x000F000F, MAGIC, 0xEA;
-lop3.b32 $2, t2, 0x000F000F, MAGIC, 0xEA;
-lop3.b32 $3, t3, 0x000F000F, MAGIC, 0xEA;
-}"""
-# Q5_K: as above, the fifth bit of each value from its qh byte ($5), already shifted so that bit 0 belongs to the
-# low nibble's group and bit 1 to the high nibble's ($6: the shift)
-_NIBBLE5_ASM = """{
-.reg .b32 t0, t1, t2, t3, h, h0, h1, u0, u1;
-prmt.b32 t0, $4, 0, 0x4140;
-prmt.b32 t1, $4, 0, 0x4342;
-shr.u32 t2, t0, 4;
-shr.u32 t3, t1, 4;
-shr.u32 h, $5, $6;
-prmt.b32 h0, h, 0, 0x4140;
-prmt.b32 h1, h, 0, 0x4342;
-shl.b32 u0, h0, 4;
-shl.b32 u1, h1, 4;
-lop3.b32 t0, t0, 0x000F000F, MAGIC, 0xEA;
-lop3.b32 t1, t1, 0x000F000F, MAGIC, 0xEA;
-lop3.b32 $0, u0, 0x00100010, t0, 0xEA;
-lop3.b32 $1, u1, 0x00100010, t1, 0xEA;
-shl.b32 u0, h0, 3;
-shl.b32 u1, h1, 3;
-lop3.b32 t2, t2, 0x000F000F, MAGIC, 0xEA;
-lop3.b32 t3, t3, 0x000F000F, MAGIC, 0xEA;
-lop3.b32 $2, u0, 0x00100010, t2, 0xEA;
-lop3.b32 $3, u1, 0x00100010, t3, 0xEA;
-}"""
-_NIBBLE_ASM_BF16 = tl.constexpr(_NIBBLE_ASM.replace("MAGIC", "0x43004300"))
-_NIBBLE_ASM_FP16 = tl.constexpr(_NIBBLE_ASM.replace("MAGIC", "0x64006400"))
-_NIBBLE5_ASM_BF16 = tl.constexpr(_NIBBLE5_ASM.replace("MAGIC", "0x43004300"))
-_NIBBLE5_ASM_FP16 = tl.constexpr(_NIBBLE5_ASM.replace("MAGIC", "0x64006400"))
+
+def _code_asm(fp16: bool, q5: bool) -> str:
+    """PTX: 4 code bytes ($4; Q5: 4 qh bytes $5, shifted right by $6) -> low nibbles ($0, $1) and high nibbles
+    ($2, $3) of bytes 0-3 as 16-bit numbers 2 + n * unit, two to a register.  prmt spreads bytes b0 b1 (b2 b3) into
+    the two halves of a register; a shift puts a nibble at the top of the mantissa; lop3 masks it and ors in 2.0."""
+    width = 5 if q5 else 4
+    top = 10 if fp16 else 7                        # mantissa bits: the code occupies [top - width, top)
+    lo_shift = top - width                         # low nibble sits at bit 0 of its byte
+    hi_shift = top - width - 4                     # high nibble at bit 4
+    mask = ((1 << 4) - 1) << lo_shift
+    mask2 = mask | (mask << 16)
+
+    def shift(dst, src, k):
+        return f"shl.b32 {dst}, {src}, {k};" if k >= 0 else f"shr.u32 {dst}, {src}, {-k};"
+
+    lines = [".reg .b32 t0, t1, u0, u1, u2, u3;", "prmt.b32 t0, $4, 0, 0x4140;", "prmt.b32 t1, $4, 0, 0x4342;",
+             shift("u0", "t0", lo_shift), shift("u1", "t1", lo_shift), shift("u2", "t0", hi_shift),
+             shift("u3", "t1", hi_shift)]
+    outs = ("$0", "$1", "$2", "$3")
+    if not q5:
+        lines += [f"lop3.b32 {o}, {u}, {mask2:#010x}, 0x40004000, 0xEA;"
+                  for o, u in zip(outs, ("u0", "u1", "u2", "u3"))]
+    else:
+        fifth = 1 << (top - 1)                     # the code's bit 4
+        f2 = fifth | (fifth << 16)
+        lines += [".reg .b32 h, h0, h1, v0, v1, v2, v3;", "shr.u32 h, $5, $6;", "prmt.b32 h0, h, 0, 0x4140;",
+                  "prmt.b32 h1, h, 0, 0x4342;",
+                  # qh bit 0 -> the low nibble's fifth bit, bit 1 -> the high nibble's
+                  shift("v0", "h0", top - 1), shift("v1", "h1", top - 1),
+                  shift("v2", "h0", top - 2), shift("v3", "h1", top - 2)]
+        for o, u, v in zip(outs, ("u0", "u1", "u2", "u3"), ("v0", "v1", "v2", "v3")):
+            lines += [f"lop3.b32 {u}, {u}, {mask2:#010x}, 0x40004000, 0xEA;",
+                      f"lop3.b32 {o}, {v}, {f2:#010x}, {u}, 0xEA;"]
+    return "{\n" + "\n".join(lines) + "\n}"
+
+
+_CODE_ASM_BF16 = tl.constexpr(_code_asm(False, False))
+_CODE_ASM_FP16 = tl.constexpr(_code_asm(True, False))
+_CODE5_ASM_BF16 = tl.constexpr(_code_asm(False, True))
+_CODE5_ASM_FP16 = tl.constexpr(_code_asm(True, True))
 
 
 @triton.jit
 def _nibbles(codes, qh, shift, BF16: tl.constexpr, Q5: tl.constexpr, INTERPRET: tl.constexpr):
-    """Code bytes [..., 32] -> (low nibbles, high nibbles) as OFF + n in bf16 (BF16) or fp16, exactly; Q5: with the
-    fifth bit from (qh >> shift) bit 0 (low) and bit 1 (high).  The interpreter cannot run PTX: it takes the same
-    bits through Triton's integer ops (the GPU tests hold the PTX against the same references)."""
+    """Code bytes [..., 32] -> (low nibbles, high nibbles) as 2 + n * unit in bf16 (BF16) or fp16, exactly (unit
+    1/8; Q5: 1/16 with the fifth bit from (qh >> shift) bit 0 (low) and bit 1 (high)).  The interpreter cannot run
+    PTX: it builds the same bits with Triton's integer ops (the GPU tests hold the PTX to the same references)."""
     if INTERPRET:
-        MAGIC16: tl.constexpr = 0x4300 if BF16 else 0x6400
+        TOP: tl.constexpr = 7 if BF16 else 10
+        WIDTH: tl.constexpr = 5 if Q5 else 4
         c = codes.to(tl.int32)
         lo = c & 15
         hi = c >> 4
@@ -155,25 +159,25 @@ def _nibbles(codes, qh, shift, BF16: tl.constexpr, Q5: tl.constexpr, INTERPRET: 
             hb = qh.to(tl.int32) >> shift
             lo = lo | ((hb & 1) << 4)
             hi = hi | ((hb & 2) << 3)
-        lo = (lo | MAGIC16).to(tl.int16)
-        hi = (hi | MAGIC16).to(tl.int16)
+        lo = ((lo << (TOP - WIDTH)) | 0x4000).to(tl.int16)
+        hi = ((hi << (TOP - WIDTH)) | 0x4000).to(tl.int16)
         if BF16:
             return lo.to(tl.bfloat16, bitcast=True), hi.to(tl.bfloat16, bitcast=True)
         else:
             return lo.to(tl.float16, bitcast=True), hi.to(tl.float16, bitcast=True)
     elif BF16:
         if Q5:
-            return tl.inline_asm_elementwise(_NIBBLE5_ASM_BF16, "=r,=r,=r,=r,r,r,r,r,r,r", [codes, qh, shift],
+            return tl.inline_asm_elementwise(_CODE5_ASM_BF16, "=r,=r,=r,=r,r,r,r,r,r,r", [codes, qh, shift],
                                              (tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
         else:
-            return tl.inline_asm_elementwise(_NIBBLE_ASM_BF16, "=r,=r,=r,=r,r", [codes],
+            return tl.inline_asm_elementwise(_CODE_ASM_BF16, "=r,=r,=r,=r,r", [codes],
                                              (tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
     else:
         if Q5:
-            return tl.inline_asm_elementwise(_NIBBLE5_ASM_FP16, "=r,=r,=r,=r,r,r,r,r,r,r", [codes, qh, shift],
+            return tl.inline_asm_elementwise(_CODE5_ASM_FP16, "=r,=r,=r,=r,r,r,r,r,r,r", [codes, qh, shift],
                                              (tl.float16, tl.float16), is_pure=True, pack=4)
         else:
-            return tl.inline_asm_elementwise(_NIBBLE_ASM_FP16, "=r,=r,=r,=r,r", [codes],
+            return tl.inline_asm_elementwise(_CODE_ASM_FP16, "=r,=r,=r,=r,r", [codes],
                                              (tl.float16, tl.float16), is_pure=True, pack=4)
 
 
@@ -241,9 +245,13 @@ def _weight_tile(wp, i, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _q45_scales(w0, w1, w2, w3, hf, OFF: tl.constexpr, F32: tl.constexpr):
-    """(scale s, OFF s + m, or m for F32) of the 4 groups of step half ``hf`` of Q4_K/Q5_K super-blocks whose first 16 bytes are the
-    words w0..w3 ([BN] int32), as [BN, 2, 2] indexed (chunk, nibble): group 4 hf + 2 chunk + nibble."""
+def _q45_scales(w0, w1, w2, w3, hf, INV_UNIT: tl.constexpr, F32: tl.constexpr):
+    """(S = s / unit, C = 2 S + m — or m for F32) of the 4 groups of step half ``hf`` of Q4_K/Q5_K super-blocks
+    whose first 16 bytes are the words w0..w3 ([BN] int32), as [BN, 2, 2] tiles indexed (chunk, nibble): group
+    4 hf + 2 chunk + nibble.  w0 = fp16 d | fp16 dmin; the 12 bytes s[0..11] (w1-w3) pack groups 0-3 in the low 6
+    bits of s[0..3] (scales) and s[4..7] (mins), groups 4-7 in the nibbles of s[8..11] with their top 2 bits in the
+    high bits of s[0..3] / s[4..7]; s = d * scale and m = dmin * min are exact in float32.  Decoded here, in a
+    compact tile, then moved to the dot's layout: decoded there, every column's scales cost 8 threads each."""
     j = 2 * tl.arange(0, 2)[None, :, None] + tl.arange(0, 2)[None, None, :]
     b1 = (w1[:, None, None] >> (8 * j)) & 255
     b2 = (w2[:, None, None] >> (8 * j)) & 255
@@ -252,12 +260,12 @@ def _q45_scales(w0, w1, w2, w3, hf, OFF: tl.constexpr, F32: tl.constexpr):
     mn = tl.where(hf == 0, b2 & 63, (b3 >> 4) | ((b2 >> 6) << 4))
     d = (w0 & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
     dmin = ((w0 >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    s = d[:, None, None] * sc.to(tl.float32)
+    s = d[:, None, None] * sc.to(tl.float32) * INV_UNIT  # exact: a power of 2
     m = dmin[:, None, None] * mn.to(tl.float32)
     if F32:
         return s, m
     else:
-        return s, s * OFF + m  # tensor first: the interpreter keeps constexpr * tensor a constexpr
+        return s, s * CODE_OFFSET + m  # tensor first: the interpreter keeps constexpr * tensor a constexpr
 
 
 @triton.jit
@@ -279,24 +287,24 @@ def _pick(t, cc: tl.constexpr, h: tl.constexpr):
 def _q45_step(acc, xp, m_ok, wp, i, QTYPE: tl.constexpr, BF16: tl.constexpr, F32: tl.constexpr,
               POST_SCALE: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
     """acc += x[:, 128 i : 128 i + 128] @ W[:, 128 i : 128 i + 128].T for Q4_K / Q5_K rows at ``wp`` ([BN]); xp:
-    [BM, 32] pointers to each row's first 32 activations.  One dot per group of 32 values (one scale s, one min m),
-    on the codes as the exact numbers OFF + n (:func:`_nibbles`; w = s n - m):
+    [BM, 32] pointers to each row's first 32 activations.  One dot per group of 32 values (scale s, min m:
+    w = s n - m), on the codes as the exact numbers q = 2 + n u (:func:`_nibbles`), so w = S q - C with S = s / u and
+    C = 2 S + m (both exact in float32 up to C's one rounding, 2**-24):
 
-    POST_SCALE (decode tiles, 16 rows): s and m are applied to the dot's [BM, BN] result,
-    sum_k x w = s dot(x, OFF + n) - (OFF s + m) sum_k x, with sum_k x a dot of x and ones (two MMAs, no shuffles).
-    Nothing is rounded before the float32 accumulator.  Offline SASS (sm_90, 64 x 128 weights a step): 389
-    instructions a thread, against 557 for the pre-scaled form below.
+    POST_SCALE (decode tiles, 16 rows): S and C are applied to the dot's [BM, BN] result,
+    sum_k x w = S dot(x, q) - C sum_k x, with sum_k x a dot of x and ones (two MMAs, no shuffles).  No weight is
+    rounded; removing the offset from a float32 sum costs 4-5 of its 24 bits.  Offline SASS (sm_90, 64 x 128
+    weights a step, Q4_K): 379 instructions a thread against 557 for the pre-scaled form below.
     Otherwise (prefill tiles, where BM rows share each decoded weight, and the post-scale's two FMAs per accumulator
-    element would cost BM/16 per weight): w = (OFF + n) s - (OFF s + m), one float32 FMA with an exact product and
-    OFF s + m rounded once (2**-24), then w rounded once to the activation dtype (2**-9 bf16, 2**-12 fp16) — the
-    rounding vLLM's bf16 weights carry."""
+    element would cost BM/16 per weight): w = S q - C, one float32 FMA (exact product), then rounded once to the
+    activation dtype (2**-9 bf16, 2**-12 fp16) — the rounding vLLM's bf16 weights carry."""
     SB: tl.constexpr = 144 if QTYPE == 12 else 176
     QS: tl.constexpr = 16 if QTYPE == 12 else 48
-    OFF: tl.constexpr = NIBBLE_OFFSET_BF16 if BF16 else NIBBLE_OFFSET_FP16
+    INV_UNIT: tl.constexpr = CODE_INV_UNIT_Q4 if QTYPE == 12 else CODE_INV_UNIT_Q5
     sbp = wp + (i // 2) * SB
     hp = sbp.to(tl.pointer_type(tl.int32))
     hf = i % 2
-    s4, c4 = _q45_scales(tl.load(hp), tl.load(hp + 1), tl.load(hp + 2), tl.load(hp + 3), hf, OFF, F32)
+    s4, c4 = _q45_scales(tl.load(hp), tl.load(hp + 1), tl.load(hp + 2), tl.load(hp + 3), hf, INV_UNIT, F32)
     for cc in tl.static_range(2):
         c = hf * 2 + cc  # 32-byte chunk of the super-block: groups 2c (low nibbles) and 2c + 1 (high)
         codes = tl.load(sbp[:, None] + QS + 32 * c + tl.arange(0, 32)[None, :])
@@ -314,7 +322,7 @@ def _q45_step(acc, xp, m_ok, wp, i, QTYPE: tl.constexpr, BF16: tl.constexpr, F32
             c = _pick(c4, cc, h)
             a = tl.load(xp + 128 * i + 32 * (2 * cc + h), mask=m_ok[:, None], other=0.0)
             if F32:  # fp32 activations (tests): the codes as exact float32 n, an ieee dot
-                wd = w.to(tl.float32) - OFF
+                wd = w.to(tl.float32) - CODE_OFFSET
             else:
                 wd = w
             if POST_SCALE:

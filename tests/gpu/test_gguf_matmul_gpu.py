@@ -5,7 +5,9 @@ dtype (relative error uniform in ±u, u = 2**-9 bf16 / 2**-12 fp16: rms u/sqrt(3
 rounds the output once (rms u/sqrt(3) again).  With random signs the weight errors add like the output's terms,
 so the output's relative rms error is ~ sqrt(2) u/sqrt(3) = 0.82 u (bf16 1.6e-3, fp16 2e-4).  The MoE rounds its
 intermediate SiLU(gate)*up once more, and the top-k terms once each before their sum: ~ u.  Bounds: 3u for the
-linear, 4u for the MoE (bf16 5.9e-3 / 7.8e-3) — a wrong block, scale or nibble is off by O(1).
+linear, 4u for the MoE (bf16 5.9e-3 / 7.8e-3) — a wrong block, scale or nibble is off by O(1).  Decode tiles of
+Q4_K/Q5_K (16 rows) round no weight at all (exact codes in the dot, scales applied to its float32 result; removing
+the codes' offset costs ~5 of float32's 24 bits): their error is the output's rounding alone, inside the same bounds.
 """
 import pytest
 import torch
