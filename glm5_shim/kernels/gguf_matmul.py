@@ -285,19 +285,16 @@ def _pick(t, cc: tl.constexpr, h: tl.constexpr):
 
 @triton.jit
 def _q45_step(acc, xp, m_ok, wp, i, QTYPE: tl.constexpr, BF16: tl.constexpr, F32: tl.constexpr,
-              POST_SCALE: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
+              DOT_PRECISION: tl.constexpr):
     """acc += x[:, 128 i : 128 i + 128] @ W[:, 128 i : 128 i + 128].T for Q4_K / Q5_K rows at ``wp`` ([BN]); xp:
     [BM, 32] pointers to each row's first 32 activations.  One dot per group of 32 values (scale s, min m:
-    w = s n - m), on the codes as the exact numbers q = 2 + n u (:func:`_nibbles`), so w = S q - C with S = s / u and
-    C = 2 S + m (both exact in float32 up to C's one rounding, 2**-24):
+    w = s n - m), on the codes as the exact numbers q = 2 + n u (:func:`_nibbles`): w = S q - C with S = s / u and
+    C = 2 S + m is one float32 FMA (exact product; C rounded once, 2**-24), then w is rounded once to the
+    activation dtype (2**-9 bf16, 2**-12 fp16) — the rounding vLLM's bf16 weights carry.
 
-    POST_SCALE (decode tiles, 16 rows): S and C are applied to the dot's [BM, BN] result,
-    sum_k x w = S dot(x, q) - C sum_k x, with sum_k x a dot of x and ones (two MMAs, no shuffles).  No weight is
-    rounded; removing the offset from a float32 sum costs 4-5 of its 24 bits.  Offline SASS (sm_90, 64 x 128
-    weights a step, Q4_K): 379 instructions a thread against 557 for the pre-scaled form below.
-    Otherwise (prefill tiles, where BM rows share each decoded weight, and the post-scale's two FMAs per accumulator
-    element would cost BM/16 per weight): w = S q - C, one float32 FMA (exact product), then rounded once to the
-    activation dtype (2**-9 bf16, 2**-12 fp16) — the rounding vLLM's bf16 weights carry."""
+    (Applying S and C to each group's dot result instead — exact codes in the dot, no weight rounded — compiled to
+    379 SASS instructions a step against 557 here, yet measured 9 % (Q4_K) to 38 % (Q5_K) slower at 32 tokens on
+    the H200: bench/RESULTS.md, 2026-12-02.)"""
     SB: tl.constexpr = 144 if QTYPE == 12 else 176
     QS: tl.constexpr = 16 if QTYPE == 12 else 48
     INV_UNIT: tl.constexpr = CODE_INV_UNIT_Q4 if QTYPE == 12 else CODE_INV_UNIT_Q5
@@ -321,18 +318,11 @@ def _q45_step(acc, xp, m_ok, wp, i, QTYPE: tl.constexpr, BF16: tl.constexpr, F32
             s = _pick(s4, cc, h)
             c = _pick(c4, cc, h)
             a = tl.load(xp + 128 * i + 32 * (2 * cc + h), mask=m_ok[:, None], other=0.0)
-            if F32:  # fp32 activations (tests): the codes as exact float32 n, an ieee dot
-                wd = w.to(tl.float32) - CODE_OFFSET
+            if F32:  # fp32 activations (tests): the codes as exact float32 n u, an ieee dot
+                wf = (w.to(tl.float32) - CODE_OFFSET) * s[:, None] - c[:, None]
             else:
-                wd = w
-            if POST_SCALE:
-                d = tl.dot(a, tl.trans(wd.to(a.dtype)), input_precision=DOT_PRECISION)
-                e = tl.dot(a, tl.full((32, BLOCK_N), 1.0, a.dtype), input_precision=DOT_PRECISION)
-                acc = acc + d * s[None, :]
-                acc = acc - e * c[None, :]
-            else:
-                wf = wd.to(tl.float32) * s[:, None] - c[:, None]
-                acc = tl.dot(a, tl.trans(wf.to(a.dtype)), acc, input_precision=DOT_PRECISION)
+                wf = w.to(tl.float32) * s[:, None] - c[:, None]
+            acc = tl.dot(a, tl.trans(wf.to(a.dtype)), acc, input_precision=DOT_PRECISION)
     return acc
 
 
@@ -362,7 +352,7 @@ def _linear_kernel(x_ptr, w_ptr, out_ptr, M, N, stride_xm, stride_wn, stride_os,
         xq = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + tl.arange(0, 32)[None, :]
         for i in range(first, last):
             acc = _q45_step(acc, xq, m_ok, wp, i, QTYPE, x_ptr.dtype.element_ty == tl.bfloat16,
-                            x_ptr.dtype.element_ty == tl.float32, BLOCK_M <= 16, DOT_PRECISION, BLOCK_N)
+                            x_ptr.dtype.element_ty == tl.float32, DOT_PRECISION)
     else:
         raw = _load_step(wp, first, QTYPE)
         for i in range(first, last):
@@ -423,9 +413,9 @@ def _moe_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_p
         F32: tl.constexpr = x_ptr.dtype.element_ty == tl.float32
         xq = x_ptr + (ids // a_row_div)[:, None] * stride_xm + tl.arange(0, 32)[None, :]
         for i in range(first, last):
-            acc = _q45_step(acc, xq, ok, wp_g, i, QTYPE, BF16, F32, BLOCK_M <= 16, DOT_PRECISION, BLOCK_N)
+            acc = _q45_step(acc, xq, ok, wp_g, i, QTYPE, BF16, F32, DOT_PRECISION)
             if GATED:
-                acc_u = _q45_step(acc_u, xq, ok, wp_u, i, QTYPE, BF16, F32, BLOCK_M <= 16, DOT_PRECISION, BLOCK_N)
+                acc_u = _q45_step(acc_u, xq, ok, wp_u, i, QTYPE, BF16, F32, DOT_PRECISION)
     else:
         raw_g = _load_step(wp_g, first, QTYPE)
         raw_u = _load_step(wp_u, first, QTYPE) if GATED else raw_g
