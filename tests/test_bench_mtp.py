@@ -91,3 +91,22 @@ def test_bad_options_are_refused_before_any_model(tmp_path, args, message):
                           timeout=300, env=child_env(), cwd=tmp_path)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
     assert not any(tmp_path.iterdir())
+
+
+def test_the_throughput_table_gives_each_arms_ratio_to_k0_on_its_path():
+    """tokens/s per concurrency and the ratio to the same path's K=0 arm; the K=0 row carries no ratio, an arm
+    without a timed table is left out."""
+    def tp(**by_c):
+        return {c[1:]: {"output_tok_s": v, "errors": 0, "metrics": {"acceptance": 0.9}} for c, v in by_c.items()}
+
+    results = {"arms": {
+        "peaked-mtp-shim-k0": {"path": "shim", "k": 0, "throughput": tp(c1=400.0, c32=7000.0)},
+        "peaked-mtp-shim-k1": {"path": "shim", "k": 1, "throughput": tp(c1=600.0, c32=3500.0)},
+        "peaked-shim-k1": {"path": "shim", "k": 1},
+    }}
+    lines = mtp.throughput_lines(results)
+    rows = {line.split("|")[1].strip(): line for line in lines if line.startswith("| peaked")}
+    assert set(rows) == {"peaked-mtp-shim-k0", "peaked-mtp-shim-k1"}
+    assert "x1.50, acc 0.90" in rows["peaked-mtp-shim-k1"] and "x0.50" in rows["peaked-mtp-shim-k1"]
+    assert "(x" not in rows["peaked-mtp-shim-k0"]
+    assert mtp.throughput_lines({"arms": {"a": {"path": "shim", "k": 0}}}) == []
