@@ -9,6 +9,9 @@ from .dequant import is_float_type
 _T = gguf.GGMLQuantizationType
 # The order GLM-5 files use them most (Q4_K_M: Q4_K experts, Q6_K down/lm_head; Q8_0; Q5_K in _M mixes).
 SHIM_KERNEL_TYPES = (int(_T.Q4_K), int(_T.Q6_K), int(_T.Q5_K), int(_T.Q8_0))
+# Kernels written and tested on the CPU (interpreter, offline compiles) that have not yet passed the GPU tests: the
+# kernels accept them, the tests and the bench run them, serving keeps vLLM's kernels for them until they have.
+KERNEL_TYPES_AWAITING_GPU = (int(_T.Q2_K), int(_T.Q3_K))
 K_MULTIPLE = 256  # the kernels step through K in half super-blocks; GLM-5's input widths are all multiples of 256
 
 

@@ -30,13 +30,16 @@ import torch
 import triton
 import triton.language as tl
 
-from glm5_shim.gguf.kernel_coverage import K_MULTIPLE, SHIM_KERNEL_TYPES as SUPPORTED_TYPES
+from glm5_shim.gguf.kernel_coverage import K_MULTIPLE, KERNEL_TYPES_AWAITING_GPU, SHIM_KERNEL_TYPES
 from glm5_shim.kernels.device import cuda_capability_and_sms
 
 Q8_0 = int(gguf.GGMLQuantizationType.Q8_0)
 Q4_K = int(gguf.GGMLQuantizationType.Q4_K)
 Q5_K = int(gguf.GGMLQuantizationType.Q5_K)
 Q6_K = int(gguf.GGMLQuantizationType.Q6_K)
+Q2_K = int(gguf.GGMLQuantizationType.Q2_K)
+Q3_K = int(gguf.GGMLQuantizationType.Q3_K)
+SUPPORTED_TYPES = SHIM_KERNEL_TYPES + KERNEL_TYPES_AWAITING_GPU  # what the kernels read (serving: kernel_coverage)
 _INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")  # the PTX helpers need a GPU
 STEP_K = 128  # values of K each program decodes per step (half a K-quant super-block, four Q8_0 blocks)
 
@@ -78,6 +81,22 @@ def _load_step(wp, i, QTYPE: tl.constexpr):
         sc = tl.load(sbp[:, None] + 192 + 8 * hf + tl.arange(0, 8)[None, :])                # [BN, 8]
         d = tl.load((sbp + 208).to(tl.pointer_type(tl.int16)))                              # [BN]
         return d, ql, qh, sc
+    elif QTYPE == 10:  # Q2_K: half an 84-byte super-block: 32 code bytes (4 x 2 bits), 8 scale bytes, d and dmin
+        sbp = wp + (i // 2) * 84
+        hf = i % 2
+        qs = tl.load(sbp[:, None] + 16 + 32 * hf + tl.arange(0, 32)[None, :])                # [BN, 32]
+        sc = tl.load(sbp[:, None] + 8 * hf + tl.arange(0, 8)[None, :])                      # [BN, 8]
+        dd = tl.load((sbp + 80).to(tl.pointer_type(tl.int16))[:, None] + tl.arange(0, 2)[None, :])  # [BN, 2]
+        return dd, qs, sc, sc
+    elif QTYPE == 11:  # Q3_K: half a 110-byte super-block (2-byte aligned rows: byte loads)
+        sbp = wp + (i // 2) * 110
+        hf = i % 2
+        hm = tl.load(sbp[:, None] + tl.arange(0, 32)[None, :])                              # [BN, 32] high bits
+        qs = tl.load(sbp[:, None] + 32 + 32 * hf + tl.arange(0, 32)[None, :])               # [BN, 32]
+        cols = tl.arange(0, 16)[None, :]
+        sc = tl.load(sbp[:, None] + 96 + cols, mask=cols < 12, other=0)                    # [BN, 16] (12 bytes)
+        d = tl.load((sbp + 108).to(tl.pointer_type(tl.int16)))                              # [BN]
+        return d, qs, hm, sc
     else:  # Q4_K (12) / Q5_K (13): half a super-block; its first 16 bytes as 4 words (16-byte aligned rows)
         SB: tl.constexpr = 144 if QTYPE == 12 else 176
         QS: tl.constexpr = 16 if QTYPE == 12 else 48
@@ -201,6 +220,40 @@ def _decode_step(raw, i, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
         # int8 q -> float32 without a conversion instruction: the bits 0x4B000000 | (q + 128) are 2**23 + q + 128
         qf = ((q.to(tl.int32) ^ 0x80) | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0
         w = d.to(tl.float16, bitcast=True).to(tl.float32)[:, :, None] * qf
+    elif QTYPE == 10:
+        # Q2_K: value 32 j + 16 h + l of the half = bits 2j of code byte 16 h + l, scale byte 2 j + h (low nibble:
+        # scale, high nibble: min); w = d * scale * q - dmin * min
+        dd, qs, sc, _ = raw
+        d16, m16 = tl.split(dd)
+        d = d16.to(tl.float16, bitcast=True).to(tl.float32)
+        dmin = m16.to(tl.float16, bitcast=True).to(tl.float32)
+        j = tl.arange(0, 4)[None, :, None, None]
+        q = (tl.reshape(qs, (BLOCK_N, 1, 2, 16)).to(tl.int32) >> (2 * j)) & 3                 # [BN, 4, 2, 16]
+        qf = (q | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0                        # q, no conversion op
+        sc3 = tl.reshape(sc, (BLOCK_N, 4, 2)).to(tl.int32)
+        dl = d[:, None, None] * (sc3 & 15).to(tl.float32)
+        ml = dmin[:, None, None] * (sc3 >> 4).to(tl.float32)
+        w = dl[:, :, :, None] * qf - ml[:, :, :, None]
+    elif QTYPE == 11:
+        # Q3_K: value 32 j + 16 h + l of half hf = bits 2j of code byte 16 h + l, minus 4 unless bit 4 hf + j of
+        # high-mask byte 16 h + l is set; scale 8 hf + 2 j + h of 16 6-bit scales (low 4 bits: bytes 0-7, low
+        # nibbles for hf = 0, high for hf = 1; top 2 bits: bits 4 hf + 2 (t // 4) of byte 8 + t % 4, t = 2 j + h),
+        # minus 32; w = d * scale * q
+        d, qs, hm, sc = raw
+        hf = i % 2
+        j = tl.arange(0, 4)[None, :, None, None]
+        q2 = (tl.reshape(qs, (BLOCK_N, 1, 2, 16)).to(tl.int32) >> (2 * j)) & 3
+        hb = (tl.reshape(hm, (BLOCK_N, 1, 2, 16)).to(tl.int32) >> (4 * hf + j)) & 1
+        qf = ((q2 + 4 * hb) | 0x4B000000).to(tl.float32, bitcast=True) - 8388612.0           # q - 4 + 4 hb
+        lo8, hi8 = tl.split(tl.permute(tl.reshape(sc.to(tl.int32), (BLOCK_N, 2, 8)), (0, 2, 1)))
+        h4, _ = tl.split(tl.permute(tl.reshape(hi8, (BLOCK_N, 2, 4)), (0, 2, 1)))            # bytes 8-11
+        hx = tl.reshape(tl.permute(tl.join(h4, h4), (0, 2, 1)), (BLOCK_N, 8))                 # column t: byte 8 + t % 4
+        t = tl.arange(0, 8)[None, :]
+        low = tl.where(hf == 0, lo8 & 15, lo8 >> 4)
+        high = (hx >> (4 * hf + 2 * (t // 4))) & 3
+        scale = ((low | (high << 4)) - 32).to(tl.float32)
+        dl = d.to(tl.float16, bitcast=True).to(tl.float32)[:, None, None] * tl.reshape(scale, (BLOCK_N, 4, 2))
+        w = dl[:, :, :, None] * qf
     elif QTYPE == 14:
         d, ql, qh, sc = raw
         s = tl.arange(0, 8)[None, :, None]

@@ -2,7 +2,7 @@
 
 The reference dequantizes with the ``gguf`` package (llama.cpp's own Python dequantizers), not with the kernel's
 decoding, and multiplies in float64.  Weights come from real quantizers (``gguf`` for Q8_0, the project's K-quant
-quantizers for Q4_K/Q5_K/Q6_K) or are random valid blocks: every byte random except the fp16 super-scales,
+quantizers for Q2_K-Q6_K) or are random valid blocks: every byte random except the fp16 super-scales,
 which are drawn finite and of a sensible size, so every bit pattern of codes and 6-bit scales occurs.
 """
 from __future__ import annotations
@@ -13,11 +13,12 @@ import torch
 
 from glm5_shim.gguf import kquants
 from glm5_shim.gguf.slice.blocks import SCALE_FIELDS
-from glm5_shim.kernels.gguf_matmul import Q4_K, Q5_K, Q6_K, Q8_0, block_bytes
+from glm5_shim.kernels.gguf_matmul import Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, block_bytes
 
 # the size the fp16 scale fields are drawn around (weights ~ 1e-2); their offsets are slice/blocks.SCALE_FIELDS
-_F16_SCALE = {Q8_0: 1e-3, Q4_K: 1e-3, Q5_K: 5e-4, Q6_K: 5e-4}
-_QUANTIZERS = {Q4_K: kquants.quantize_q4_k, Q5_K: kquants.quantize_q5_k, Q6_K: kquants.quantize_q6_k}
+_F16_SCALE = {Q8_0: 1e-3, Q4_K: 1e-3, Q5_K: 5e-4, Q6_K: 5e-4, Q2_K: 2e-3, Q3_K: 5e-4}
+_QUANTIZERS = {Q4_K: kquants.quantize_q4_k, Q5_K: kquants.quantize_q5_k, Q6_K: kquants.quantize_q6_k,
+               Q2_K: kquants.quantize_q2_k, Q3_K: kquants.quantize_q3_k}
 
 
 def dequantize(qweight: torch.Tensor, qtype: int, k: int) -> torch.Tensor:

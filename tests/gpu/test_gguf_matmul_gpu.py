@@ -35,7 +35,7 @@ def _weights(qtype, rows, k, g, quantized):
     return ref.random_blocks(qtype, rows, k, g)
 
 
-@pytest.mark.parametrize("qtype_name", ["Q4_K", "Q6_K", "Q5_K", "Q8_0"])
+@pytest.mark.parametrize("qtype_name", ["Q4_K", "Q6_K", "Q5_K", "Q8_0", "Q2_K", "Q3_K"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_linear_vs_float64(qtype_name, dtype):
     gm, ref = _mods()
@@ -81,7 +81,8 @@ def _moe_case(qtype13, qtype2, e, h, inter, t, top_k, g, hot=None):
     return w13, w2, x, ids.to(torch.int32), wts / wts.sum(1, keepdim=True)
 
 
-@pytest.mark.parametrize("types", [("Q4_K", "Q6_K"), ("Q5_K", "Q8_0"), ("Q6_K", "Q6_K"), ("Q8_0", "Q4_K")])
+@pytest.mark.parametrize("types", [("Q4_K", "Q6_K"), ("Q5_K", "Q8_0"), ("Q6_K", "Q6_K"), ("Q8_0", "Q4_K"),
+                                   ("Q2_K", "Q3_K")])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_moe_vs_float64(types, dtype):
     gm, ref = _mods()
