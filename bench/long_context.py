@@ -25,19 +25,11 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 import e2e  # noqa: E402  (servers: start / wait_ready / stop)
+from e2e_parts.run import used_mib  # noqa: E402
 from e2e_parts.vllm_log import kept_lines, startup_numbers  # noqa: E402
 
 MODELS = {"glm52": "glm52", "all-full": "FFFFFFF"}
 MODEL_ARGS = dict(layers=7, heads=16, index_heads=32, index_topk=128, context_length=1 << 20, quant="Q8_0")
-
-
-def used_mib() -> int | None:
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20).stdout.split()
-        return int(out[0])
-    except (OSError, subprocess.SubprocessError, IndexError, ValueError):
-        return None
 
 
 def run_one(model: str, arm_path: str, length: int, kv: str, out: Path, port: int, timeout: float) -> dict:

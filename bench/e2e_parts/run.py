@@ -152,6 +152,16 @@ def run_all(args) -> int:
     return 0
 
 
+def used_mib() -> int | None:
+    """GPU memory in use (MiB, nvidia-smi), or None where it cannot be read."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20).stdout.split()
+        return int(out[0])
+    except (OSError, subprocess.SubprocessError, IndexError, ValueError):
+        return None
+
+
 def gpu_name() -> str:
     try:
         return subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,

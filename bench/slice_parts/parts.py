@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from e2e_parts.arms import Arm
-from e2e_parts.run import gpu_name
+from e2e_parts.run import gpu_name, used_mib
 from e2e_parts.servers import start, stop, wait_ready
 from e2e_parts.throughput import ordinary_vocab
 from e2e_parts.vllm_log import kept_lines, startup_numbers
@@ -95,15 +94,6 @@ def serve_flags(trace_dir: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
     extra = ("--max-num-batched-tokens", str(MAX_NUM_BATCHED_TOKENS), "--no-enable-prefix-caching",
              "--profiler-config", json.dumps(profiler))
     return limits, extra
-
-
-def used_mib() -> int | None:
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20).stdout.split()
-        return int(out[0])
-    except (OSError, subprocess.SubprocessError, IndexError, ValueError):
-        return None
 
 
 def make_slice_file(name: str, slice_dir: Path) -> dict:
