@@ -1,0 +1,50 @@
+"""Which GGUF matmul each quantized weight of a file runs on, as inspect and doctor say it (gguf/report.py, from
+gguf/kernel_coverage.py): counted per type from the load plan of real llama-quantize mixes."""
+import gguf
+import pytest
+
+from glm5_shim.gguf.config import build_hf_config
+from glm5_shim.gguf.fixture import make_tiny
+from glm5_shim.gguf.kernel_coverage import KERNEL_TYPES_AWAITING_GPU, SHIM_KERNEL_TYPES
+from glm5_shim.gguf.load_plan import plan_tensors
+from glm5_shim.gguf.reader import open_gguf
+from glm5_shim.gguf.report import format_matmul_paths, matmul_paths
+
+
+def _plan(path):
+    model = open_gguf(str(path))
+    return plan_tensors(model, build_hf_config(model, check_shapes=False))
+
+
+@pytest.fixture(scope="module")
+def q2k_plan(tmp_path_factory):
+    path = tmp_path_factory.mktemp("paths") / "q2k.gguf"
+    make_tiny(path, preset="Q2_K", write_reference=False)
+    return _plan(path)
+
+
+def test_each_quantized_matmul_weight_is_counted_once_on_the_path_its_type_takes(q2k_plan):
+    paths = matmul_paths(q2k_plan)
+    expected = {"shim": {}, "vllm": {}}
+    for t in q2k_plan.tensors:
+        if t.vllm_type is None or t.gguf_name == "token_embd.weight":
+            continue
+        qt = int(gguf.GGMLQuantizationType[t.vllm_type])
+        if t.vllm_type in ("F32", "F16", "BF16"):
+            continue
+        side = "shim" if qt in SHIM_KERNEL_TYPES else "vllm"
+        expected[side][t.vllm_type] = expected[side].get(t.vllm_type, 0) + 1
+    assert paths == expected
+    assert paths["vllm"] and paths["shim"], paths  # the preset mixes both (Q2_K/Q3_K experts, K-quants elsewhere)
+    off = matmul_paths(q2k_plan, shim_kernels=False)
+    assert not off["shim"] and sum(off["vllm"].values()) == sum(map(sum, (d.values() for d in paths.values())))
+
+
+def test_the_line_names_the_types_whose_shim_kernels_wait_for_the_gpu(q2k_plan):
+    line = format_matmul_paths(matmul_paths(q2k_plan))
+    waiting = [gguf.GGMLQuantizationType(t).name for t in KERNEL_TYPES_AWAITING_GPU]
+    present = [name for name in waiting if name in matmul_paths(q2k_plan)["vllm"]]
+    assert present, "the Q2_K preset should hold a type whose kernel waits for the GPU"
+    assert f"shim kernels for {'/'.join(present)} are written and wait for their GPU tests" in line
+    no_wait = format_matmul_paths({"shim": {"Q4_K": 3}, "vllm": {"IQ2_XXS": 2}})
+    assert "wait for their GPU tests" not in no_wait and "IQ2_XXS x2" in no_wait
