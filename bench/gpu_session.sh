@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: install the offline vLLM bundle, then GPU tests, kernel benchmarks and an end-to-end smoke.
-#   run with carry [".gpu/bundle"]:  bash bench/gpu_session.sh [tests] [bench] [e2e] [mtp] [agentic] [slice]
+#   run with carry [".gpu/bundle"]:  bash bench/gpu_session.sh [interp] [tests] [bench] [ncu_gguf] [e2e] [mtp] [agentic] [slice]
 #   (or carry [".gpu/bundle_slim", ...]: SLIM=1 make_bundle.sh, ~30 MiB, leaves room for .whl and models)
 # Results land in $OUT (at most 8 files come back): gpu_tests.log, sparse_mla.md, indexer.md, session.log,
 #   e2e.md, results.json, e2e_logs.tar.gz; mtp: mtp.md, mtp.json, mtp_logs.tar.gz; agentic: agentic.md,
@@ -55,6 +55,16 @@ if [[ " $steps " == *" bench "* ]]; then
       > "$OUT/gguf_matmul.log" 2>&1
     cp /tmp/bench_gguf/gguf_matmul.md /tmp/bench_gguf/gguf_matmul.json "$OUT/" 2>/dev/null
   fi
+fi
+if [[ " $steps " == *" ncu_gguf "* ]]; then
+  # ncu on the MoE decode kernel (bench/profile_gguf_matmul.py): stall reasons, issue rate, memory throughput.
+  # Reads hardware counters only on the Firecracker runtime (KINDS.md); NCU_GGUF_ARGS e.g. "--type Q4_K --tokens 32"
+  log "ncu_gguf ${NCU_GGUF_ARGS:-}"
+  timeout ${NCU_TIMEOUT:-240} ncu --clock-control none -k regex:_moe_kernel --launch-skip 6 --launch-count 2 \
+    --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
+    --section MemoryWorkloadAnalysis --section InstructionStats --section LaunchStats \
+    python bench/profile_gguf_matmul.py ${NCU_GGUF_ARGS:-} > "$OUT/ncu_gguf.txt" 2>&1
+  log "ncu_gguf exit $?"
 fi
 if [[ " $steps " == *" e2e "* ]]; then
   # bench/e2e.py: tiny GLM-5 GGUFs served through launch.sh, shim-forced vs native, then the GPU test on its results.

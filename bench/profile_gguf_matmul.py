@@ -1,0 +1,48 @@
+#!/usr/bin/env python
+"""One GGUF MoE call at GLM-5's TP-8 expert shapes, for a profiler (ncu) to look at.
+
+    ncu --clock-control none -k regex:_moe_kernel --launch-skip 6 --launch-count 2 \\
+        --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \\
+        --section MemoryWorkloadAnalysis --section InstructionStats \\
+        python bench/profile_gguf_matmul.py --type Q4_K --tokens 32
+
+Runs the call 5 times (compile + warm-up + the profiled ones + spares): each call launches the w13 pass then the w2
+pass of ``_moe_kernel``, so --launch-skip 6 --launch-count 2 profiles the fourth call's two passes.  Weights are
+random valid blocks (bench/gguf_matmul.py's); routing is uniform top 8 of 256 experts.  The GPU session step
+``ncu_gguf`` (bench/gpu_session.sh) runs it and writes the report's text to $OUT.
+"""
+import argparse
+import pathlib
+import sys
+
+BENCH = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH.parent))
+sys.path.insert(0, str(BENCH))
+
+import torch  # noqa: E402
+
+import gguf_matmul as bench  # noqa: E402  (bench/gguf_matmul.py: shapes, types, routings)
+from glm5_shim.kernels import gguf_matmul as gm  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--type", default="Q4_K", choices=list(bench.TYPES))
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--tp", type=int, default=8)
+    a = ap.parse_args()
+    qt = bench.TYPES[a.type]
+    inter = bench.EXPERT_WIDTH // a.tp
+    g = torch.Generator(device="cuda").manual_seed(1)
+    w13 = bench.random_blocks_cuda(qt, (bench.EXPERTS, 2 * inter), bench.HIDDEN, g)
+    w2 = bench.random_blocks_cuda(qt, (bench.EXPERTS, bench.HIDDEN), inter, g)
+    ids, wts = bench.routings(a.tokens, 5, g)
+    x = (torch.randn(a.tokens, bench.HIDDEN, device="cuda", generator=g) * 0.5).to(torch.bfloat16)
+    for i, w in zip(ids, wts):
+        gm.gguf_moe(x, w13, w2, w, i, qt, qt)
+    torch.cuda.synchronize()
+    print("done", a, gm.moe_plan(a.tokens, bench.TOP_K, bench.EXPERTS))
+
+
+if __name__ == "__main__":
+    main()
