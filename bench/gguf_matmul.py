@@ -245,6 +245,32 @@ def bench_moe_profile(types, tokens, gen, rows):
         torch.cuda.empty_cache()
 
 
+def bench_probe(types, tokens, bw, gen, rows):
+    """Place a MoE call's time without hardware counters: the same call with the kernel's PROBE variants — 1: the
+    Q4_K/Q5_K weight loads alone, 2: loads and decode without the dot, 0: the whole kernel (graph µs each)."""
+    inter = EXPERT_WIDTH // 8
+    for name in types:
+        qt = TYPES[name]
+        w13 = random_blocks_cuda(qt, (EXPERTS, 2 * inter), HIDDEN, gen)
+        w2 = random_blocks_cuda(qt, (EXPERTS, HIDDEN), inter, gen)
+        expert_bytes = w13[0].numel() + w2[0].numel()
+        for t in tokens:
+            cycle = max(4, min(64, 4096 // t))
+            ids, wts = routings(t, cycle, gen)
+            x = (torch.randn(t, HIDDEN, device="cuda", generator=gen) * 0.5).to(torch.bfloat16)
+            floor = sum(int(i.unique().numel()) for i in ids) / cycle * expert_bytes / bw * 1e6
+            row = dict(kind="probe", what=f"moe tp8 {name}", T=t, floor_us=floor)
+            for probe in (1, 2, 0):
+                plan = {**gm.moe_plan(t, TOP_K, EXPERTS), "probe": probe}
+                row[f"probe{probe}_us"] = graph_us(
+                    [lambda i=i, w=w: gm.gguf_moe(x, w13, w2, w, i, qt, qt, align=ALIGN, plan=plan)
+                     for i, w in zip(ids, wts)])
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+        w13 = w2 = None
+        torch.cuda.empty_cache()
+
+
 def bench_sweep(bw, gen, rows, types=("Q4_K",)):
     """Time alternative launch parameters so the tuning constants in kernels/gguf_matmul.py can be chosen."""
     import itertools
@@ -380,6 +406,13 @@ def markdown(rows, bw, device) -> str:
             pct = fmt(100 * r["floor_us"] / r["us"]) if r["us"] else "—"
             out.append(f"| {r['what']} | {r['T']} | {r['cfg']} | {fmt(r['us'], 1)} | {pct} |")
         out.append("")
+    pb = [r for r in rows if r["kind"] == "probe"]
+    if pb:
+        out += ["## Where the MoE kernel's time goes (graph µs: loads alone, loads + decode, whole kernel)", "",
+                "| what | T | floor µs | loads µs | + decode µs | whole µs |", "|---|---|---|---|---|---|"]
+        out += [f"| {r['what']} | {r['T']} | {fmt(r['floor_us'], 1)} | {fmt(r['probe1_us'], 1)} | "
+                f"{fmt(r['probe2_us'], 1)} | {fmt(r['probe0_us'], 1)} |" for r in pb]
+        out.append("")
     pr = [r for r in rows if r["kind"] == "moe_profile"]
     if pr:
         out += ["## Where a MoE call's time goes (device µs per call by kernel, eager; graph µs of the whole call)", "",
@@ -428,6 +461,9 @@ def main():
             bench_moe(4, types, tokens, bw, peak, gen, vg, bf16_moe, rows)
         if "dense" in parts:
             bench_dense(types, [int(t) for t in args.dense_tokens.split(",")], bw, peak, gen, vg, rows)
+        if "probe" in parts:
+            bench_probe([t for t in args.sweep_types.split(",") if t in ("Q4_K", "Q5_K")],
+                        [int(t) for t in args.tokens.split(",")], bw, gen, rows)
         if "profile" in parts:
             bench_moe_profile(args.sweep_types.split(","), [int(t) for t in args.tokens.split(",")], gen, rows)
         if "sweep" in parts:

@@ -338,7 +338,7 @@ def _pick(t, cc: tl.constexpr, h: tl.constexpr):
 
 @triton.jit
 def _q45_step(acc, xp, m_ok, wp, i, QTYPE: tl.constexpr, BF16: tl.constexpr, F32: tl.constexpr,
-              DOT_PRECISION: tl.constexpr):
+              DOT_PRECISION: tl.constexpr, PROBE: tl.constexpr = 0):
     """acc += x[:, 128 i : 128 i + 128] @ W[:, 128 i : 128 i + 128].T for Q4_K / Q5_K rows at ``wp`` ([BN]); xp:
     [BM, 32] pointers to each row's first 32 activations.  One dot per group of 32 values (scale s, min m:
     w = s n - m), on the codes as the exact numbers q = 2 + n u (:func:`_nibbles`): w = S q - C with S = s / u and
@@ -358,24 +358,30 @@ def _q45_step(acc, xp, m_ok, wp, i, QTYPE: tl.constexpr, BF16: tl.constexpr, F32
     for cc in tl.static_range(2):
         c = hf * 2 + cc  # 32-byte chunk of the super-block: groups 2c (low nibbles) and 2c + 1 (high)
         codes = tl.load(sbp[:, None] + QS + 32 * c + tl.arange(0, 32)[None, :])
-        if QTYPE == 13:
-            qh = tl.load(sbp[:, None] + 16 + tl.arange(0, 32)[None, :])
-            lo, hi = _nibbles(codes, qh, 2 * c, BF16, True, _INTERPRET)
+        if PROBE == 1:  # bench probe: the weight loads alone (codes kept live by a sum; no decode, no dot)
+            acc += tl.sum(codes.to(tl.int32), axis=1).to(tl.float32)[None, :]
         else:
-            lo, hi = _nibbles(codes, codes, 0, BF16, False, _INTERPRET)
-        for h in tl.static_range(2):
-            if h == 0:
-                w = lo
+            if QTYPE == 13:
+                qh = tl.load(sbp[:, None] + 16 + tl.arange(0, 32)[None, :])
+                lo, hi = _nibbles(codes, qh, 2 * c, BF16, True, _INTERPRET)
             else:
-                w = hi
-            s = _pick(s4, cc, h)
-            c = _pick(c4, cc, h)
-            a = tl.load(xp + 128 * i + 32 * (2 * cc + h), mask=m_ok[:, None], other=0.0)
-            if F32:  # fp32 activations (tests): the codes as exact float32 n u, an ieee dot
-                wf = (w.to(tl.float32) - CODE_OFFSET) * s[:, None] - c[:, None]
-            else:
-                wf = w.to(tl.float32) * s[:, None] - c[:, None]
-            acc = tl.dot(a, tl.trans(wf.to(a.dtype)), acc, input_precision=DOT_PRECISION)
+                lo, hi = _nibbles(codes, codes, 0, BF16, False, _INTERPRET)
+            for h in tl.static_range(2):
+                if h == 0:
+                    w = lo
+                else:
+                    w = hi
+                big_s = _pick(s4, cc, h)
+                big_c = _pick(c4, cc, h)
+                a = tl.load(xp + 128 * i + 32 * (2 * cc + h), mask=m_ok[:, None], other=0.0)
+                if F32:  # fp32 activations (tests): the codes as exact float32 n u, an ieee dot
+                    wf = (w.to(tl.float32) - CODE_OFFSET) * big_s[:, None] - big_c[:, None]
+                else:
+                    wf = w.to(tl.float32) * big_s[:, None] - big_c[:, None]
+                if PROBE == 2:  # bench probe: loads and decode, no dot
+                    acc += tl.sum(wf, axis=1)[None, :]
+                else:
+                    acc = tl.dot(a, tl.trans(wf.to(a.dtype)), acc, input_precision=DOT_PRECISION)
     return acc
 
 
@@ -433,8 +439,11 @@ def _dequant_kernel(w_ptr, out_ptr, N, stride_wn, stride_on, QTYPE: tl.constexpr
 def _moe_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
                 N, num_steps, steps_per_split, num_valid, a_row_div, stride_xm, stride_we, stride_wn, stride_os,
                 stride_om, QTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GATED: tl.constexpr,
-                ROUTE_WEIGHTED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                ROUTE_WEIGHTED: tl.constexpr, DOT_PRECISION: tl.constexpr, PROBE: tl.constexpr = 0):
     """One (block of BLOCK_M routed rows of one expert) x (BLOCK_N output features) x (K split) tile.
+
+    PROBE (bench/gguf_matmul.py --parts probe only; 0 in serving): 1 = the Q4_K/Q5_K weight loads alone, 2 = loads
+    and decode without the dot — timing them apart places a call's time without hardware counters.
 
     GATED (w13, unsplit): weight rows n and N + n are gate and up; stores SiLU(gate) * up.  Otherwise stores the
     product (times the row's routing weight when ROUTE_WEIGHTED) to split plane program_id(1) of out.  Row r of
@@ -466,9 +475,9 @@ def _moe_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_p
         F32: tl.constexpr = x_ptr.dtype.element_ty == tl.float32
         xq = x_ptr + (ids // a_row_div)[:, None] * stride_xm + tl.arange(0, 32)[None, :]
         for i in range(first, last):
-            acc = _q45_step(acc, xq, ok, wp_g, i, QTYPE, BF16, F32, DOT_PRECISION)
+            acc = _q45_step(acc, xq, ok, wp_g, i, QTYPE, BF16, F32, DOT_PRECISION, PROBE)
             if GATED:
-                acc_u = _q45_step(acc_u, xq, ok, wp_u, i, QTYPE, BF16, F32, DOT_PRECISION)
+                acc_u = _q45_step(acc_u, xq, ok, wp_u, i, QTYPE, BF16, F32, DOT_PRECISION, PROBE)
     else:
         raw_g = _load_step(wp_g, first, QTYPE)
         raw_u = _load_step(wp_u, first, QTYPE) if GATED else raw_g
@@ -687,8 +696,8 @@ def gguf_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights:
     pairs = t * top_k
     prec = _dot_precision(x.dtype)
     m_blocks = expert_ids.numel()
-    common = dict(QTYPE=qtype13, BLOCK_M=bm, DOT_PRECISION=prec, num_warps=plan["num_warps"],
-                  num_stages=plan["num_stages"])
+    common = dict(QTYPE=qtype13, BLOCK_M=bm, DOT_PRECISION=prec, PROBE=plan.get("probe", 0),
+                  num_warps=plan["num_warps"], num_stages=plan["num_stages"])
     steps = h // STEP_K
     if plan["fused_gate"]:
         act = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
