@@ -358,30 +358,30 @@ def _q45_step(acc, xp, m_ok, wp, i, QTYPE: tl.constexpr, BF16: tl.constexpr, F32
     for cc in tl.static_range(2):
         c = hf * 2 + cc  # 32-byte chunk of the super-block: groups 2c (low nibbles) and 2c + 1 (high)
         codes = tl.load(sbp[:, None] + QS + 32 * c + tl.arange(0, 32)[None, :])
-        if PROBE == 1:  # bench probe: the weight loads alone (codes kept live by a sum; no decode, no dot)
-            acc += tl.sum(codes.to(tl.int32), axis=1).to(tl.float32)[None, :]
+        if QTYPE == 13:
+            qh = tl.load(sbp[:, None] + 16 + tl.arange(0, 32)[None, :])
+            lo, hi = _nibbles(codes, qh, 2 * c, BF16, True, _INTERPRET)
         else:
-            if QTYPE == 13:
-                qh = tl.load(sbp[:, None] + 16 + tl.arange(0, 32)[None, :])
-                lo, hi = _nibbles(codes, qh, 2 * c, BF16, True, _INTERPRET)
+            lo, hi = _nibbles(codes, codes, 0, BF16, False, _INTERPRET)
+            if PROBE == 1:  # bench probe: decode twice (other bytes, so the second is not folded into the first)
+                lo2, hi2 = _nibbles(codes ^ 0x11, codes, 0, BF16, False, _INTERPRET)
+                lo = (lo.to(tl.float32) + lo2.to(tl.float32)).to(lo.dtype)
+                hi = (hi.to(tl.float32) + hi2.to(tl.float32)).to(hi.dtype)
+        for h in tl.static_range(2):
+            if h == 0:
+                w = lo
             else:
-                lo, hi = _nibbles(codes, codes, 0, BF16, False, _INTERPRET)
-            for h in tl.static_range(2):
-                if h == 0:
-                    w = lo
-                else:
-                    w = hi
-                big_s = _pick(s4, cc, h)
-                big_c = _pick(c4, cc, h)
-                a = tl.load(xp + 128 * i + 32 * (2 * cc + h), mask=m_ok[:, None], other=0.0)
-                if F32:  # fp32 activations (tests): the codes as exact float32 n u, an ieee dot
-                    wf = (w.to(tl.float32) - CODE_OFFSET) * big_s[:, None] - big_c[:, None]
-                else:
-                    wf = w.to(tl.float32) * big_s[:, None] - big_c[:, None]
-                if PROBE == 2:  # bench probe: loads and decode, no dot
-                    acc += tl.sum(wf, axis=1)[None, :]
-                else:
-                    acc = tl.dot(a, tl.trans(wf.to(a.dtype)), acc, input_precision=DOT_PRECISION)
+                w = hi
+            big_s = _pick(s4, cc, h)
+            big_c = _pick(c4, cc, h)
+            a = tl.load(xp + 128 * i + 32 * (2 * cc + h), mask=m_ok[:, None], other=0.0)
+            if F32:  # fp32 activations (tests): the codes as exact float32 n u, an ieee dot
+                wf = (w.to(tl.float32) - CODE_OFFSET) * big_s[:, None] - big_c[:, None]
+            else:
+                wf = w.to(tl.float32) * big_s[:, None] - big_c[:, None]
+            acc = tl.dot(a, tl.trans(wf.to(a.dtype)), acc, input_precision=DOT_PRECISION)
+            if PROBE == 2:  # bench probe: every dot twice
+                acc = tl.dot(a, tl.trans(wf.to(a.dtype)), acc, input_precision=DOT_PRECISION)
     return acc
 
 
@@ -442,8 +442,9 @@ def _moe_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_p
                 ROUTE_WEIGHTED: tl.constexpr, DOT_PRECISION: tl.constexpr, PROBE: tl.constexpr = 0):
     """One (block of BLOCK_M routed rows of one expert) x (BLOCK_N output features) x (K split) tile.
 
-    PROBE (bench/gguf_matmul.py --parts probe only; 0 in serving): 1 = the Q4_K/Q5_K weight loads alone, 2 = loads
-    and decode without the dot — timing them apart places a call's time without hardware counters.
+    PROBE (bench/gguf_matmul.py --parts probe only; 0 in serving): Q4_K codes decoded twice (1) or every dot done
+    twice (2) — what each adds to the call's time places it without hardware counters, with the loads, their
+    pipelining and the rest of the kernel unchanged.
 
     GATED (w13, unsplit): weight rows n and N + n are gate and up; stores SiLU(gate) * up.  Otherwise stores the
     product (times the row's routing weight when ROUTE_WEIGHTED) to split plane program_id(1) of out.  Row r of
