@@ -2,6 +2,7 @@
 draft (`--speculative-config '{"method": "mtp", "num_speculative_tokens": K}'`), through launch.sh.
 
     python bench/mtp.py run --out DIR [--k 1,2] [--paths shim,native] [--dtype float16] [--quant Q8_0] [--tp 1]
+                                      [--throughput 1,4,32] [--slice Q4_K_M]
     python bench/mtp.py report DIR       rewrite DIR/mtp.md from DIR/mtp.json
 
 Models (make-tiny, the e2e shape, reference = what the GGUF stores):
@@ -19,7 +20,11 @@ DIR/mtp.md, one line per check:
     counts as equal, as in bench/e2e.py);
   * acceptance = accepted / draft tokens; for K=1 against the float32 reference's on the arm's own tokens
     (draft_acceptance): peaked-mtp near 1, peaked near 0;
-  * the seconds per output token with and without the draft (a tiny model: overhead-bound, for information).
+  * the seconds per output token with and without the draft (a tiny model: overhead-bound, for information);
+  * output tokens/s at each --throughput concurrency, and the ratio to K=0 on the same path.
+--slice PRESET serves a 4-layer rank-of-8 slice of GLM-5 at its real sizes with its MTP layer (make-slice --mtp)
+instead, at K=0 and every K: random weights accept almost no draft, so it measures what a speculative step costs
+where a step is GPU time (speed-up ~ (1 + accepted per step) / that cost) and greedy equality at real sizes.
 """
 from __future__ import annotations
 
@@ -94,10 +99,17 @@ def arm_name(model: str, path: str, k: int) -> str:
     return f"{model}-{path}-k{k}"
 
 
-def all_arms(paths: list[str], ks: list[int]) -> list[Arm]:
+SLICE_MODEL = "slice-mtp"  # --slice: GLM-5's real sizes (make-slice --rank-of 8 --mtp), random weights
+
+
+def all_arms(paths: list[str], ks: list[int], slice_preset: str = "") -> list[Arm]:
+    """Per path: the peaked-mtp model at K=0 and every K, the random-MTP control at K=1; with a slice preset the
+    slice at K=0 and every K instead (its random MTP layer accepts almost nothing: what it measures is the cost of
+    a speculative step where the step is GPU time, and greedy equality at real sizes)."""
+    models = ((SLICE_MODEL, [0] + ks),) if slice_preset else (("peaked-mtp", [0] + ks), ("peaked", [1]))
     arms = []
     for path in paths:
-        for model, model_ks in (("peaked-mtp", [0] + ks), ("peaked", [1])):
+        for model, model_ks in models:
             for k in model_ks:
                 arm = Arm(arm_name(model, path, k), model, "auto", path)  # Arm.quant names the model here
                 arm.k = k
@@ -115,7 +127,8 @@ def summarize(results: dict) -> list[tuple[str, bool | None, str]]:
             continue
         if arm["k"] == 0:
             continue
-        plain = arms.get(arm_name("peaked-mtp", arm["path"], 0), {})  # the same trunk
+        plain = arms.get(arm_name("peaked-mtp" if arm["model"] == "peaked" else arm["model"], arm["path"], 0),
+                         {})  # the same trunk
         if "greedy" in plain:
             same = all(same_greedy(arm["greedy"][p], plain["greedy"][p]) for p in arm["greedy"])
             lines.append((f"{name}: greedy tokens equal the K=0 server's", same, ""))
@@ -184,7 +197,7 @@ def throughput_lines(results: dict) -> list[str]:
             "same path; acceptance over the same requests)", "",
             "| arm | " + " | ".join(f"conc {c}" for c in concs) + " |", "|---|" + "---|" * len(concs)]
     for name, arm in sorted(arms.items()):
-        base = results["arms"].get(arm_name("peaked-mtp", arm["path"], 0), {}).get("throughput", {})
+        base = results["arms"].get(arm_name(arm["model"], arm["path"], 0), {}).get("throughput", {})
         cells = []
         for c in concs:
             r = arm["throughput"].get(str(c), {})
@@ -206,14 +219,23 @@ def run(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ks = [int(k) for k in args.k.split(",")]
-    arms = all_arms(args.paths.split(","), ks)
+    arms = all_arms(args.paths.split(","), ks, args.slice)
     results = {"date": time.strftime("%Y-%m-%d %H:%M"), "gpu": gpu_name(), "command": " ".join(sys.argv),
                "tp": args.tp, "dtype": args.dtype or "auto", "arms": {}}
     model_args = dict(MODEL_ARGS)
     if args.tp > 1:  # every down projection must split into whole Q4_K blocks on every rank (as bench/e2e.py)
         model_args.update(intermediate=max(512, 256 * args.tp), moe_intermediate=256 * args.tp)
     models = {}
-    for model, extra in (("peaked-mtp", PEAKED_MTP), ("peaked", PEAKED)):
+    if args.slice:
+        from glm5_shim.gguf.slice import make_slice
+
+        path = out / "models" / f"slice-r8-{args.slice}-mtp.gguf"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        made = make_slice(path, layers=4, dense_layers=1, preset=args.slice, mtp=True, rank_of=8)
+        results["slice"] = {"preset": args.slice, "layers": 4, "dense_layers": 1, "rank_of": 8,
+                            "gb": round(made.nbytes / 1e9, 2), "seconds": round(made.seconds, 1)}
+        models[SLICE_MODEL] = str(path)
+    for model, extra in () if args.slice else (("peaked-mtp", PEAKED_MTP), ("peaked", PEAKED)):
         path = out / "models" / f"tiny-{model}-{args.quant}.gguf"
         make_tiny(path, quant=args.quant, reference="dequantized", **{**model_args, **extra})
         models[model] = str(path)
@@ -234,7 +256,7 @@ def run(args) -> int:
                 n_tokens = sum(len(g["ids"]) for g in entry["greedy"].values())
                 entry["seconds_per_token"] = (time.time() - t0) / max(n_tokens, 1)
                 entry["metrics"] = metrics_delta(before, parse_spec_metrics(_metrics(arm)))
-                if arm.quant == "peaked-mtp" and args.throughput:
+                if arm.quant in ("peaked-mtp", SLICE_MODEL) and args.throughput:
                     entry["throughput"] = _throughput_table(arm, [int(c) for c in args.throughput.split(",")])
             except Exception as exc:  # noqa: BLE001 - one broken arm must not hide the others
                 entry["error"] = f"{type(exc).__name__}: {exc}"
@@ -243,7 +265,7 @@ def run(args) -> int:
         for arm in arms:
             stop(arm)
     for name, entry in results["arms"].items():
-        if entry.get("k") == 1 and "greedy" in entry:
+        if entry.get("k") == 1 and "greedy" in entry and entry["model"] != SLICE_MODEL:  # a slice has no reference
             ref_dir = reference_dir(models[entry["model"]])
             accepted = [a for g in entry["greedy"].values()
                         for a in draft_acceptance(ref_dir, g["prompt_ids"] + g["ids"], len(g["prompt_ids"]))]
@@ -275,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--base-port", type=int, default=8300)
     r.add_argument("--start-timeout", type=float, default=600)
     r.add_argument("--throughput", default="1,4,32", help="concurrencies timed on the peaked-mtp arms ('' skips)")
+    r.add_argument("--slice", default="", choices=["", "Q4_K_M", "Q8_0", "Q2_K", "Q3_K_M"],
+                   help="instead of the tiny models: a 4-layer rank-of-8 slice of GLM-5 at its real sizes with "
+                        "its MTP layer (make-slice --mtp), K=0 against every --k: the cost of a speculative step")
     rep = sub.add_parser("report")
     rep.add_argument("dir")
     args = p.parse_args(argv)

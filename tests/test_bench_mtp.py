@@ -100,13 +100,35 @@ def test_the_throughput_table_gives_each_arms_ratio_to_k0_on_its_path():
         return {c[1:]: {"output_tok_s": v, "errors": 0, "metrics": {"acceptance": 0.9}} for c, v in by_c.items()}
 
     results = {"arms": {
-        "peaked-mtp-shim-k0": {"path": "shim", "k": 0, "throughput": tp(c1=400.0, c32=7000.0)},
-        "peaked-mtp-shim-k1": {"path": "shim", "k": 1, "throughput": tp(c1=600.0, c32=3500.0)},
-        "peaked-shim-k1": {"path": "shim", "k": 1},
+        "peaked-mtp-shim-k0": {"model": "peaked-mtp", "path": "shim", "k": 0,
+                               "throughput": tp(c1=400.0, c32=7000.0)},
+        "peaked-mtp-shim-k1": {"model": "peaked-mtp", "path": "shim", "k": 1,
+                               "throughput": tp(c1=600.0, c32=3500.0)},
+        "peaked-shim-k1": {"model": "peaked", "path": "shim", "k": 1},
     }}
     lines = mtp.throughput_lines(results)
     rows = {line.split("|")[1].strip(): line for line in lines if line.startswith("| peaked")}
     assert set(rows) == {"peaked-mtp-shim-k0", "peaked-mtp-shim-k1"}
     assert "x1.50, acc 0.90" in rows["peaked-mtp-shim-k1"] and "x0.50" in rows["peaked-mtp-shim-k1"]
     assert "(x" not in rows["peaked-mtp-shim-k0"]
-    assert mtp.throughput_lines({"arms": {"a": {"path": "shim", "k": 0}}}) == []
+    assert mtp.throughput_lines({"arms": {"a": {"model": "peaked-mtp", "path": "shim", "k": 0}}}) == []
+
+
+def test_a_slice_run_has_its_own_arms_and_compares_each_k_with_its_own_k0():
+    names = [a.name for a in mtp.all_arms(["shim"], [1, 3], slice_preset="Q4_K_M")]
+    assert names == ["slice-mtp-shim-k0", "slice-mtp-shim-k1", "slice-mtp-shim-k3"]
+    same = {"short": {"ids": [5, 6, 7], "logprobs": [-0.1, -0.2, -0.3], "top2_gap": [3.0, 3.0, 3.0]}}
+    metrics = {"drafts": 10.0, "draft_tokens": 10.0, "accepted": 0.0, "per_position": {"0": 0.0}, "acceptance": 0.0}
+    results = {"arms": {
+        "slice-mtp-shim-k0": {"model": "slice-mtp", "path": "shim", "k": 0, "greedy": same,
+                              "seconds_per_token": 0.01, "metrics": metrics,
+                              "throughput": {"1": {"output_tok_s": 100.0, "errors": 0, "metrics": {}}}},
+        "slice-mtp-shim-k1": {"model": "slice-mtp", "path": "shim", "k": 1, "greedy": same,
+                              "seconds_per_token": 0.012, "metrics": metrics,
+                              "throughput": {"1": {"output_tok_s": 80.0, "errors": 0,
+                                                   "metrics": {"acceptance": 0.0}}}},
+    }}
+    checks = {check: ok for check, ok, _ in mtp.summarize(results)}
+    assert checks["slice-mtp-shim-k1: greedy tokens equal the K=0 server's"] is True
+    assert checks["slice-mtp-shim-k1: acceptance low"] is True
+    assert any("x0.80" in line for line in mtp.throughput_lines(results))
