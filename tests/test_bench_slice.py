@@ -79,6 +79,23 @@ def test_startup_lines_of_vllm_0_23_are_parsed():
      "sampling"),
     ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, LogSoftMaxForwardEpilogue>",
      "sampling"),
+    # the native arm (FlashMLA sparse on sm90, DeepGEMM, vLLM's sparse-MLA index conversion) and vLLM's GGUF kernels
+    ("void sm90::fwd::sparse_attn_fwd_kernel<sm90::fwd::KernelTemplate<512, false>, ...>(...)", "attention"),
+    ("void sm90::decode::sparse_fp8::flash_fwd_splitkv_mla_fp8_sparse_kernel<...>(...)", "attention"),
+    ("void smxx::decode::flash_fwd_mla_combine_kernel<cutlass::bfloat16_t, 512, 8, 64, 256>(...)", "attention"),
+    ("void smxx::decode::get_mla_metadata_kernel(GetDecodeSchedMetaParams)", "attention"),
+    ("_convert_req_index_to_global_index_kernel", "attention"),
+    ("void vllm::concat_mla_q_kernel<__nv_bfloat16>(...)", "attention"),
+    ("void deep_gemm::sm90_fp8_mqa_logits<128, 64, 4>(...)", "indexer"),
+    ("void deep_gemm::smxx_paged_mqa_logits_metadata<2, 64>(...)", "indexer"),
+    ("void vllm::cp_gather_indexer_k_quant_cache_kernel<8>(...)", "indexer"),
+    ("void per_token_group_quant_8bit_kernel<c10::BFloat16, c10::Float8_e4m3fn, false, true, float>(...)",
+     "indexer"),
+    ("void vllm::moe::moeSoftmax<256, __nv_bfloat16>(...)", "gguf_moe"),
+    ("void moe_q4_K<c10::BFloat16, true>(void const*, void const*, ...)", "gguf_moe"),
+    ("void moe_vec_q<c10::BFloat16, 256, 8, block_iq2_xxs, 1, &vec_dot_iq2_xxs_q8_1>(...)", "gguf_moe"),
+    ("void mul_mat_vec_q<c10::BFloat16, 256, 8, block_iq2_s, 1, &vec_dot_iq2_s_q8_1>(...)", "gguf_dense"),
+    ("void dequantize_block_q4_K<c10::BFloat16>(void const*, c10::BFloat16*)", "gguf_dense"),
     ("nvjet_tst_128x64_64x8_1x1_v_bz_TNT", "other"), ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", "other"),
     ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, ...>", "other"),
 ])
@@ -137,6 +154,29 @@ def test_a_trace_is_grouped_per_step(tmp_path):
         json.dump(synthetic_trace(), f)
     assert kernels.newest_trace(tmp_path) == path
     assert kernels.group_trace(kernels.load_trace(path)) == g
+
+
+SUM_F32 = "void at::native::reduce_kernel<128, 4, at::native::ReduceOp<float, at::native::func_wrapper_t<float, " \
+          "at::native::sum_functor<float, float, float>::operator()>>>"
+SUM_BF16 = SUM_F32.replace("<float, at", "<c10::BFloat16, at")
+COPY = "void at::native::vectorized_elementwise_kernel<8, at::native::bfloat16_copy_kernel_cuda(...)>"
+
+
+def test_kernels_in_a_cuda_graph_are_placed_by_their_neighbours():
+    """One graph launch, no CPU op around the kernels: quantize_q8_1 goes with the GGUF kernel it feeds (MoE or
+    dense), the split-K sum and copy after the shim's _linear_kernel are GGUF dense, the top-k sum after its
+    _moe_kernel is GGUF MoE; the same sum or copy elsewhere, or on another stream, stays "other"."""
+    names = ["void quantize_q8_1<c10::BFloat16>(...)", "void moe_vec_q<c10::BFloat16, 256>(...)",
+             "void quantize_q8_1<c10::BFloat16>(...)", "void mul_mat_vec_q<c10::BFloat16, 256>(...)",
+             "_linear_kernel", SUM_F32, COPY, COPY,
+             "_moe_kernel", SUM_BF16, COPY,
+             "rms_norm_kernel", SUM_F32]
+    ev = [_ev("cuda_runtime", "cudaGraphLaunch", 0, 2, corr=1)]
+    ev += [_ev("kernel", n, 10 + 10 * i, 1, tid=7, corr=1) for i, n in enumerate(names)]
+    ev.append(_ev("kernel", SUM_F32, 65, 1, tid=9, corr=1))  # another stream: _linear_kernel is not before it
+    g = kernels.group_trace({"traceEvents": ev})
+    assert g["count"]["gguf_moe"] == 4 and g["count"]["gguf_dense"] == 5, g["count"]
+    assert g["count"]["other"] == 4 and g["count"]["norm_rope_act"] == 1
 
 
 def test_decode_window_counts_only_tokens_while_every_stream_decodes():
