@@ -349,6 +349,119 @@ def test_a_part_against_the_stand_in_server(tmp_path, monkeypatch):
     assert "## Start-up and memory" in md and "## Decode" in md and "## Kernel time per engine step" in md
 
 
+def _stand_in(tmp_path, monkeypatch) -> None:
+    """launch.sh → the stand-in server; make_slice_file → a 4-byte file per slice with the planned groups (its
+    file_bytes those of the slice part a measured on the H200, so that bench/results' part a can be the reference)."""
+    import e2e_parts.servers as servers
+
+    monkeypatch.setattr(servers, "LAUNCH", REPO / "tests" / "fake_launch.sh")
+    ref = json.loads(slice_serve.DEFAULT_LOGPROBS_REF.read_text())["slices"]["r8-Q4_K_M"]
+
+    def fake_slice(name, d):
+        preset, rank_of = parts.SLICES[name]
+        path = tmp_path / f"{name}.gguf"
+        path.write_bytes(b"GGUF")
+        groups = plan_groups(4, 1, preset, rank_of)
+        sizes = {"bytes": ref["bytes"], "file_bytes": ref["file_bytes"]} if name == "r8-Q4_K_M" else {
+            "bytes": groups["total"], "file_bytes": groups["total"] + 1}
+        return {"name": name, "preset": preset, "rank_of": rank_of, "path": str(path), "bytes_by_group": groups,
+                **sizes}
+    monkeypatch.setattr(parts, "make_slice_file", fake_slice)
+    monkeypatch.setattr(parts, "OUT_LEN", 24)
+    monkeypatch.setattr(parts, "PROFILE_DECODE_S", 0.2)
+    monkeypatch.setattr(parts, "PROFILE_MAX_TOKENS", 64)
+    for key in "adf":
+        monkeypatch.setattr(parts.PARTS[key], "concurrency", (1, 8))
+
+
+def _run(out, *args) -> dict:
+    assert slice_serve.main(["run", "--out", str(out), "--base-port", str(_free_port()), "--start-timeout", "60",
+                             *args]) == 0
+    return json.loads((out / "slice.json").read_text())
+
+
+def test_parts_b_to_f_against_the_stand_in_server(tmp_path, monkeypatch):
+    """Every part after a, in one run as on the device: each starts its own server with its own environment and
+    slice, measures what its steps say, and part b's log-probabilities are compared with part a's of the same run."""
+    _stand_in(tmp_path, monkeypatch)
+    out = tmp_path / "out"
+    res = _run(out, "--parts", "a,b,c,d,e,f")
+    p = res["parts"]
+    for key in "abcdef":
+        assert "error" not in p[key] and "skipped" not in p[key], (key, p[key].get("error"), p[key].get("skipped"))
+        assert p[key]["startup"]["ok"] and not p[key].get("skipped_steps"), key
+        assert p[key]["prefill"]["errors"] == 0 and p[key]["prefill"]["in_len"] == parts.PARTS[key].in_len
+        rows = p[key]["decode"]
+        assert [r["concurrency"] for r in rows] == list(parts.PARTS[key].concurrency), key
+        assert all(r["errors"] == 0 and r["in_len"] == parts.PARTS[key].in_len for r in rows), key
+    env = {k: p[k]["startup"]["env"] for k in "abcdef"}
+    assert env["b"] == {} and env["c"] == {"GLM5_SHIM_ATTENTION": "triton", "GLM5_SHIM_INDEXER": "triton",
+                                          "GLM5_SHIM_GGUF_KERNELS": "vllm"}
+    assert env["a"] == env["d"] == env["e"] == env["f"] == {"GLM5_SHIM_ATTENTION": "triton",
+                                                             "GLM5_SHIM_INDEXER": "triton"}
+    assert [p[k]["slice"] for k in "abcdef"] == ["r8-Q4_K_M"] * 4 + ["r8-IQ2_M", "full-Q4_K_M"]
+    assert res["slices"]["full-Q4_K_M"]["rank_of"] == 1 and res["slices"]["r8-IQ2_M"]["preset"] == "UD-IQ2_M-like"
+    for key in "bcef":  # the parts with a profile: both decode windows and the prefill chunk, in their own traces
+        assert set(p[key]["profile"]) == {"decode_c1", "decode_c32", "prefill"}, key
+        assert all(w["steps"] == 3 and w["trace"] for w in p[key]["profile"].values()), key
+        assert list((out / "traces" / key).glob("*.pt.trace.json.gz")), key
+    assert "profile" not in p["d"] and "logprobs" not in p["d"]
+    # the same prompts, the same (stand-in) model: every top-1 agrees, nothing differs
+    agree = res["logprob_agreement"]
+    assert agree["reference"] == "part a of this run" and agree["prompts_checked"]
+    assert agree["same_top1"] == agree["of"] == 5 and agree["errors"] == 0 and agree["max_top1_dlogprob"] == 0
+    assert [x["prompt_sha"] for x in p["a"]["logprobs"]] == [x["prompt_sha"] for x in p["b"]["logprobs"]]
+    md = (out / "slice.md").read_text()
+    assert "Same top-1: 5 of 5" in md and "| f | 2048 | 8 |" in md and "| d | 16384 | 8 |" in md
+    # the projection reads every rank-of-8 part's profile
+    for key in "bce":
+        assert projection.project(res, key)["rows"], key
+
+
+def test_part_b_alone_is_compared_with_a_recorded_part_a(tmp_path, monkeypatch):
+    """Part b in a device call of its own: part a's log-probabilities come from --logprobs-ref (default: the
+    H200's part a in bench/results) when the slice is byte for byte the same; otherwise the report says why not."""
+    _stand_in(tmp_path, monkeypatch)
+    res = _run(tmp_path / "out", "--parts", "b")
+    agree = res["logprob_agreement"]
+    assert agree["reference"].startswith(f"part a of {slice_serve.DEFAULT_LOGPROBS_REF}")
+    assert agree["of"] == 5 and agree["errors"] == 0  # the stand-in's numbers, against the H200's: compared
+    assert "Reference (a): part a of" in (tmp_path / "out" / "slice.md").read_text()
+    res = _run(tmp_path / "none", "--parts", "b", "--logprobs-ref", "")
+    assert res["logprob_agreement"] == {"error": "part a did not run (no --logprobs-ref)",
+                                        "reference": "part a did not run (no --logprobs-ref)"}
+    assert "Not compared: part a did not run" in (tmp_path / "none" / "slice.md").read_text()
+    other = json.loads(slice_serve.DEFAULT_LOGPROBS_REF.read_text())
+    other["slices"]["r8-Q4_K_M"]["file_bytes"] += 1
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    res = _run(tmp_path / "mismatch", "--parts", "b", "--logprobs-ref", str(tmp_path / "other.json"))
+    assert "is not this run's" in res["logprob_agreement"]["error"]
+
+
+def test_logprobs_of_different_prompts_are_not_compared():
+    a = [{"prompt_tokens": 64, "prompt_sha": "x", "id": 5, "top": {"5": -0.5}}]
+    b = [{"prompt_tokens": 64, "prompt_sha": "y", "id": 5, "top": {"5": -0.5}}]
+    c = measure.compare_logprobs(a, b)
+    assert c["of"] == 0 and c["errors"] == 1 and "different prompts" in c["rows"][0]["error"]
+    b[0]["prompt_tokens"] = 65
+    b[0].pop("prompt_sha")
+    assert measure.compare_logprobs(a, b)["errors"] == 1
+    assert "| error: different prompts" in report({"logprob_agreement": c})
+
+
+def test_a_part_past_the_budget_stops_cleanly(tmp_path, monkeypatch):
+    """A part started just inside --budget-s: its server starts, its steps are skipped, its server stops, and
+    slice.json and slice.md are written; the next part is not started."""
+    _stand_in(tmp_path, monkeypatch)
+    monkeypatch.setattr(parts.PARTS["a"], "est_s", 1)
+    res = _run(tmp_path / "out", "--parts", "a,b", "--budget-s", "20")
+    a = res["parts"]["a"]
+    assert a["startup"]["ok"] and "error" not in a
+    assert a["skipped_steps"] == ["decode", "prefill", "logprobs", "profile"]
+    assert "time budget" in res["parts"]["b"]["skipped"]
+    assert "skipped for time: decode, prefill, logprobs, profile" in (tmp_path / "out" / "slice.md").read_text()
+
+
 def test_the_budget_skips_parts_that_would_not_finish(tmp_path):
     out = tmp_path / "out"
     assert slice_serve.main(["run", "--out", str(out), "--parts", "a,b", "--budget-s", "10"]) == 0
