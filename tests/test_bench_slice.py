@@ -279,6 +279,32 @@ def test_projection_arithmetic():
         h200["scaled_us_by_group"]["gguf_moe"] * 989 / 500, rel=1e-3)
 
 
+def test_prefill_projection_leaves_lm_head_to_the_last_token():
+    """A prefill chunk of one request: lm_head and the logits gather are for one row, not the chunk's 8192."""
+    res = json.loads(FIXTURE.read_text())
+    groups = res["slices"]["r8-Q4_K_M"]["bytes_by_group"]
+    per_step = {"gguf_moe": 9000.0, "gguf_dense": 4000.0, "attention": 800.0, "indexer": 600.0,
+                "norm_rope_act": 300.0, "sampling": 10.0, "other": 500.0}
+    res["parts"]["a"]["profile"]["prefill"] = {"per_step_us": per_step, "in_len": 8192}
+    c = projection.per_layer_costs(per_step, groups, prefill=True)
+    assert c["once"]["gguf_dense"] == 0
+    nm, nd = groups["moe_layers"], groups["dense_layers"]
+    assert nm * sum(c["moe_layer"].values()) + nd * sum(c["dense_layer"].values()) + sum(c["once"].values()) \
+        == pytest.approx(sum(per_step.values()))
+    rows = _rows(projection.project(res, "a", prefill=True))
+    g = projection.Assumptions().targets[0]
+    rtx = rows[("8x RTX PRO 6000 Blackwell", "prefill")]
+    ar = g.allreduce_latency_us + 2 * 7 / 8 * 6144 * 8192 * 2 / (g.link_busbw_gbs * 1e3)
+    gather = g.allreduce_latency_us + 7 / 8 * 154880 * 2 / (g.link_busbw_gbs * 1e3)
+    assert rtx["tokens"] == 8192 and rtx["comm_us"] == pytest.approx(157 * ar + gather, rel=1e-4)
+    # the layers' dense bytes carry all of the measured GGUF dense time: 78 layers' worth of it, scaled
+    layer_bytes = lambda n, nd_, nm_: (n * groups["attn_gguf_per_layer"] + nd_ * groups["dense_ffn_per_dense_layer"]
+                                       + nm_ * groups["shared_expert_per_moe_layer"])
+    h200 = rows[("8x H200", "prefill")]
+    assert h200["h200_us_by_group"]["gguf_dense"] == pytest.approx(
+        per_step["gguf_dense"] * layer_bytes(78, 3, 75) / layer_bytes(4, 1, 3), rel=1e-3)
+
+
 def test_projection_uses_the_full_models_bytes_a_layer():
     res = json.loads(FIXTURE.read_text())
     full = plan_groups(78, 3, "Q4_K_M", 8)

@@ -347,7 +347,9 @@ class Runner:
                                                           PROFILE_DECODE_S, max_tokens, self.trace_wait_s())
             self.log(f"profile decode c={c}: {_short(prof[f'decode_c{c}'])}")
             self.save()
-        if self.budget_left(40):
+        if not self.budget_left(40):
+            res.setdefault("skipped_steps", []).append("profile prefill")
+        else:
             prof["prefill"] = measure.profile_prefill(arm, arm.trace_dir, MAX_NUM_BATCHED_TOKENS, 3, self.vocab,
                                                       self.trace_wait_s())
             self.log(f"profile prefill: {_short(prof['prefill'])}")
