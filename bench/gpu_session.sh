@@ -116,9 +116,14 @@ if [[ " $steps " == *" slice "* ]]; then
   [[ "$slice_args" == *--budget-s* ]] || slice_args="$slice_args --budget-s $((slice_left - 45))"
   log "slice $slice_args (timeout ${slice_left} s)"
   rm -rf /tmp/slice_run
-  # on the timeout's SIGTERM the runner stops its server (by process group) and writes what it has
-  timeout "$slice_left" python bench/slice_serve.py run --out /tmp/slice_run $slice_args > /tmp/slice_run.log 2>&1
-  log "slice exit $?"
+  if (( slice_left < 120 )); then
+    # no part could start (a negative budget or timeout would only fail on its own)
+    log "slice: not started, ${slice_left} s left of the call"
+  else
+    # on the timeout's SIGTERM the runner stops its server (by process group) and writes what it has
+    timeout "$slice_left" python bench/slice_serve.py run --out /tmp/slice_run $slice_args > /tmp/slice_run.log 2>&1
+    log "slice exit $?"
+  fi
   grep -E "^\[slice\]|Error" /tmp/slice_run.log | cut -c1-300 | tail -60 >> "$OUT/session.log"
   cp /tmp/slice_run/slice.md /tmp/slice_run/slice.json "$OUT/" 2>/dev/null
   cp /tmp/slice_run.log /tmp/slice_run/ 2>/dev/null

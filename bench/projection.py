@@ -9,13 +9,14 @@ at TP 8) at 1 and 32 streams, the slice's weight bytes by group, and the measure
 Every assumption is printed with the table; each constant has a flag. In short:
   * per layer: GGUF MoE time / MoE layers; attention, indexer, norms and "other" / all layers; GGUF dense time split
     by the bytes of the weights it reads (attention projections every layer, the dense FFN, the shared expert,
-    lm_head once); sampling once a step;
+    lm_head once, left out of a prefill chunk's split: it runs on the last token alone); sampling once a step;
   * the full model = 75 × MoE layer + 3 × dense layer + lm_head + sampling (+ the per-layer time of the full
     model's own byte mix where glm5_shim can plan it: llama-quantize gives some layers other types);
   * bandwidth-bound groups scale by the measured H200 copy bandwidth over the target's; compute-bound groups by
     dense bf16 tensor throughput (decode: every group bandwidth-bound; --prefill: GGUF, attention, indexer compute);
   * two all-reduces a layer (attention output, FFN output) of 6144 × T bf16 values, one for the embedding, and one
-    gather of the logits (T × vocabulary / 8 values a rank): latency + 2(N−1)/N × bytes / bus bandwidth;
+    gather of the logits (rows × vocabulary / 8 values a rank; rows = T in decode, 1 for a prefill chunk of one
+    request): latency + 2(N−1)/N × bytes / bus bandwidth (the gather: (N−1)/N × bytes);
   * the host's part of a step (TPOT measured on the H200 minus the kernel time a step) stays as measured.
 """
 from __future__ import annotations
@@ -74,14 +75,16 @@ class Assumptions:
         return out
 
 
-def per_layer_costs(per_step_us: dict, groups: dict) -> dict:
+def per_layer_costs(per_step_us: dict, groups: dict, prefill: bool = False) -> dict:
     """Kernel µs a step of one slice, split into what one MoE layer, one dense layer and the once-a-step parts cost.
 
     per_step_us: group → µs a step (slice_serve's profile); groups: slice_parts.weights.weight_groups of the slice.
-    GGUF dense time is split by bytes read (decode reads each weight once a step)."""
+    GGUF dense time is split by bytes read (decode reads each weight once a step); in a prefill chunk lm_head runs
+    on the last token alone, so there the split leaves it out (it costs ~0 next to the layers' T-row matmuls)."""
     n, nd, nm = groups["layers"], groups["dense_layers"], groups["moe_layers"]
+    lm_head = 0 if prefill else groups["lm_head"]
     dense_bytes = (n * groups["attn_gguf_per_layer"] + nd * groups["dense_ffn_per_dense_layer"]
-                   + nm * groups["shared_expert_per_moe_layer"] + groups["lm_head"])
+                   + nm * groups["shared_expert_per_moe_layer"] + lm_head)
     per_byte = per_step_us.get("gguf_dense", 0.0) / dense_bytes if dense_bytes else 0.0
     common = {"gguf_dense": per_byte * groups["attn_gguf_per_layer"]}
     for g in ("attention", "indexer", "norm_rope_act", "other"):
@@ -90,8 +93,9 @@ def per_layer_costs(per_step_us: dict, groups: dict) -> dict:
     moe["gguf_dense"] += per_byte * groups["shared_expert_per_moe_layer"]
     dense = dict(common)
     dense["gguf_dense"] += per_byte * groups["dense_ffn_per_dense_layer"]
-    once = {"gguf_dense": per_byte * groups["lm_head"], "sampling": per_step_us.get("sampling", 0.0)}
-    return {"moe_layer": moe, "dense_layer": dense, "once": once, "us_per_byte_gguf_dense": per_byte}
+    once = {"gguf_dense": per_byte * lm_head, "sampling": per_step_us.get("sampling", 0.0)}
+    return {"moe_layer": moe, "dense_layer": dense, "once": once, "us_per_byte_gguf_dense": per_byte,
+            "lm_head_bytes": lm_head}
 
 
 def byte_scale(slice_groups: dict, full_groups: dict | None) -> dict:
@@ -110,8 +114,10 @@ def collective_us(gpu: Gpu, nbytes: float, ranks: int, kind: str = "all_reduce")
 
 
 def project_step(costs: dict, scale: dict, a: Assumptions, gpu: Gpu, tokens: int, host_us: float,
-                 compute_bound: tuple) -> dict:
-    """µs a step of the full model on `gpu` (one rank of TP a.tp) with `tokens` tokens in the step."""
+                 compute_bound: tuple, logit_rows: int | None = None) -> dict:
+    """µs a step of the full model on `gpu` (one rank of TP a.tp) with `tokens` tokens in the step, of which
+    `logit_rows` (default: all, as in decode) get logits: a prefill chunk's request has one."""
+    logit_rows = tokens if logit_rows is None else logit_rows
     bw_factor = a.measured_bw_gbs / gpu.bandwidth_gbs
     tf_factor = a.measured_tflops / gpu.bf16_tflops
     nm, nd = a.layers - a.dense_layers, a.dense_layers
@@ -123,12 +129,12 @@ def project_step(costs: dict, scale: dict, a: Assumptions, gpu: Gpu, tokens: int
     by_group["gguf_dense"] = per_byte * (a.layers * g["attn_gguf_per_layer"] * scale["attn"]
                                          + nm * g["shared_expert_per_moe_layer"] * scale["shared"]
                                          + nd * g["dense_ffn_per_dense_layer"] * scale["dense_ffn"]
-                                         + g["lm_head"] * scale["lm_head"])
+                                         + costs.get("lm_head_bytes", g["lm_head"]) * scale["lm_head"])
     scaled = {k: v * (tf_factor if k in compute_bound else bw_factor) for k, v in by_group.items()}
     kernels = sum(scaled.values())
     act_bytes = a.hidden * tokens * 2
     comm = (2 * a.layers + 1) * collective_us(gpu, act_bytes, a.tp)
-    comm += collective_us(gpu, tokens * a.vocab * 2, a.tp, kind="gather")
+    comm += collective_us(gpu, logit_rows * a.vocab * 2, a.tp, kind="gather")
     total = kernels + comm + host_us
     return {"gpu": gpu.name, "tokens": tokens, "h200_us_by_group": {k: round(v, 1) for k, v in by_group.items()},
             "scaled_us_by_group": {k: round(v, 1) for k, v in scaled.items()}, "kernels_us": round(kernels, 1),
@@ -166,20 +172,21 @@ def project(results: dict, part_key: str = "a", a: Assumptions | None = None, pr
         if not prof or not prof.get("per_step_us"):
             out["notes"].append(f"{window}: not measured")
             continue
-        costs = per_layer_costs(prof["per_step_us"], groups)
+        costs = per_layer_costs(prof["per_step_us"], groups, prefill=not streams)
         costs["groups"] = groups
         slice_kernel_us = sum(prof["per_step_us"].values())
         if streams:
             host, why = host_share_us(part, streams, slice_kernel_us)
             tokens, bound = streams, a.decode_compute_bound
         else:
-            host, why = 0.0, "prefill: host share ignored"
+            host, why = 0.0, ("prefill: host share ignored; one request a chunk: logits (lm_head, gather) for its "
+                              "last token alone")
             tokens, bound = prof.get("in_len", 8192), a.prefill_compute_bound
         out["notes"].append(f"{window}: slice kernels {slice_kernel_us / 1e3:.3f} ms a step; host share: {why}")
         out["per_layer_us_" + window] = {k: ({g: round(v, 2) for g, v in d.items()} if isinstance(d, dict) else d)
                                          for k, d in costs.items() if k != "groups"}
         for gpu in a.targets:
-            row = project_step(costs, scale, a, gpu, tokens, host, bound)
+            row = project_step(costs, scale, a, gpu, tokens, host, bound, logit_rows=streams or 1)
             row.update(window=window, streams=streams)
             out["rows"].append(row)
     return out

@@ -14,8 +14,8 @@ finish inside --budget-s is not started, and a step is skipped when the budget i
        time and GB/s, engine start-up, GPU memory by component, peak host RSS of the server's process tree), decode
        output tok/s at concurrency 1/8/32/64 with 2k-token prompts, prefill tok/s, first-token log-probabilities,
        a torch-profiler profile of decode steps (concurrency 1 and 32) and prefill chunks grouped per kernel kind
-    b  the same slice, native arm (FlashMLA sparse + DeepGEMM): log-probabilities compared with a's, the same
-       throughput and profile
+    b  the same slice, native arm (FlashMLA sparse + DeepGEMM): log-probabilities compared with a's (this run's,
+       else --logprobs-ref's when its slice has the same bytes), the same throughput and profile
     c  shim arm with GLM5_SHIM_GGUF_KERNELS=vllm (vLLM's GGUF kernels): decode at 1/32, prefill, profile
     d  16k-token prompts on a's server configuration: decode at 1/8/32/64, prefill
     e  r8-IQ2_M, shim arm: start-up, decode at 1/32, prefill, profile
@@ -45,6 +45,9 @@ from slice_parts.kernels import group_trace, load_trace  # noqa: E402
 from slice_parts.parts import PARTS  # noqa: E402
 from slice_parts.report import report  # noqa: E402
 
+# part a measured on the H200 (session 3): part b's log-probabilities are compared with it when a does not run
+DEFAULT_LOGPROBS_REF = _BENCH / "results" / "2026-12-02-slice-part-a.json"
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -58,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--base-port", type=int, default=8400)
     r.add_argument("--profile-concurrency", default="1,32", type=lambda s: [int(x) for x in s.split(",") if x])
     r.add_argument("--resume", action="store_true", help="keep the parts already in DIR/slice.json")
+    r.add_argument("--logprobs-ref", default=str(DEFAULT_LOGPROBS_REF),
+                   help="a slice.json whose part a (same slice bytes) part b is compared with when part a is not in "
+                        "this run ('' for none)")
     rep = sub.add_parser("report", help="rewrite DIR/slice.md from DIR/slice.json")
     rep.add_argument("dir")
     g = sub.add_parser("group", help="group one trace's kernels")

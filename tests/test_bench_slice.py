@@ -79,6 +79,23 @@ def test_startup_lines_of_vllm_0_23_are_parsed():
      "sampling"),
     ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, LogSoftMaxForwardEpilogue>",
      "sampling"),
+    # the native arm (FlashMLA sparse on sm90, DeepGEMM, vLLM's sparse-MLA index conversion) and vLLM's GGUF kernels
+    ("void sm90::fwd::sparse_attn_fwd_kernel<sm90::fwd::KernelTemplate<512, false>, ...>(...)", "attention"),
+    ("void sm90::decode::sparse_fp8::flash_fwd_splitkv_mla_fp8_sparse_kernel<...>(...)", "attention"),
+    ("void smxx::decode::flash_fwd_mla_combine_kernel<cutlass::bfloat16_t, 512, 8, 64, 256>(...)", "attention"),
+    ("void smxx::decode::get_mla_metadata_kernel(GetDecodeSchedMetaParams)", "attention"),
+    ("_convert_req_index_to_global_index_kernel", "attention"),
+    ("void vllm::concat_mla_q_kernel<__nv_bfloat16>(...)", "attention"),
+    ("void deep_gemm::sm90_fp8_mqa_logits<128, 64, 4>(...)", "indexer"),
+    ("void deep_gemm::smxx_paged_mqa_logits_metadata<2, 64>(...)", "indexer"),
+    ("void vllm::cp_gather_indexer_k_quant_cache_kernel<8>(...)", "indexer"),
+    ("void per_token_group_quant_8bit_kernel<c10::BFloat16, c10::Float8_e4m3fn, false, true, float>(...)",
+     "indexer"),
+    ("void vllm::moe::moeSoftmax<256, __nv_bfloat16>(...)", "gguf_moe"),
+    ("void moe_q4_K<c10::BFloat16, true>(void const*, void const*, ...)", "gguf_moe"),
+    ("void moe_vec_q<c10::BFloat16, 256, 8, block_iq2_xxs, 1, &vec_dot_iq2_xxs_q8_1>(...)", "gguf_moe"),
+    ("void mul_mat_vec_q<c10::BFloat16, 256, 8, block_iq2_s, 1, &vec_dot_iq2_s_q8_1>(...)", "gguf_dense"),
+    ("void dequantize_block_q4_K<c10::BFloat16>(void const*, c10::BFloat16*)", "gguf_dense"),
     ("nvjet_tst_128x64_64x8_1x1_v_bz_TNT", "other"), ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", "other"),
     ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, ...>", "other"),
 ])
@@ -137,6 +154,29 @@ def test_a_trace_is_grouped_per_step(tmp_path):
         json.dump(synthetic_trace(), f)
     assert kernels.newest_trace(tmp_path) == path
     assert kernels.group_trace(kernels.load_trace(path)) == g
+
+
+SUM_F32 = "void at::native::reduce_kernel<128, 4, at::native::ReduceOp<float, at::native::func_wrapper_t<float, " \
+          "at::native::sum_functor<float, float, float>::operator()>>>"
+SUM_BF16 = SUM_F32.replace("<float, at", "<c10::BFloat16, at")
+COPY = "void at::native::vectorized_elementwise_kernel<8, at::native::bfloat16_copy_kernel_cuda(...)>"
+
+
+def test_kernels_in_a_cuda_graph_are_placed_by_their_neighbours():
+    """One graph launch, no CPU op around the kernels: quantize_q8_1 goes with the GGUF kernel it feeds (MoE or
+    dense), the split-K sum and copy after the shim's _linear_kernel are GGUF dense, the top-k sum after its
+    _moe_kernel is GGUF MoE; the same sum or copy elsewhere, or on another stream, stays "other"."""
+    names = ["void quantize_q8_1<c10::BFloat16>(...)", "void moe_vec_q<c10::BFloat16, 256>(...)",
+             "void quantize_q8_1<c10::BFloat16>(...)", "void mul_mat_vec_q<c10::BFloat16, 256>(...)",
+             "_linear_kernel", SUM_F32, COPY, COPY,
+             "_moe_kernel", SUM_BF16, COPY,
+             "rms_norm_kernel", SUM_F32]
+    ev = [_ev("cuda_runtime", "cudaGraphLaunch", 0, 2, corr=1)]
+    ev += [_ev("kernel", n, 10 + 10 * i, 1, tid=7, corr=1) for i, n in enumerate(names)]
+    ev.append(_ev("kernel", SUM_F32, 65, 1, tid=9, corr=1))  # another stream: _linear_kernel is not before it
+    g = kernels.group_trace({"traceEvents": ev})
+    assert g["count"]["gguf_moe"] == 4 and g["count"]["gguf_dense"] == 5, g["count"]
+    assert g["count"]["other"] == 4 and g["count"]["norm_rope_act"] == 1
 
 
 def test_decode_window_counts_only_tokens_while_every_stream_decodes():
@@ -239,6 +279,32 @@ def test_projection_arithmetic():
         h200["scaled_us_by_group"]["gguf_moe"] * 989 / 500, rel=1e-3)
 
 
+def test_prefill_projection_leaves_lm_head_to_the_last_token():
+    """A prefill chunk of one request: lm_head and the logits gather are for one row, not the chunk's 8192."""
+    res = json.loads(FIXTURE.read_text())
+    groups = res["slices"]["r8-Q4_K_M"]["bytes_by_group"]
+    per_step = {"gguf_moe": 9000.0, "gguf_dense": 4000.0, "attention": 800.0, "indexer": 600.0,
+                "norm_rope_act": 300.0, "sampling": 10.0, "other": 500.0}
+    res["parts"]["a"]["profile"]["prefill"] = {"per_step_us": per_step, "in_len": 8192}
+    c = projection.per_layer_costs(per_step, groups, prefill=True)
+    assert c["once"]["gguf_dense"] == 0
+    nm, nd = groups["moe_layers"], groups["dense_layers"]
+    assert nm * sum(c["moe_layer"].values()) + nd * sum(c["dense_layer"].values()) + sum(c["once"].values()) \
+        == pytest.approx(sum(per_step.values()))
+    rows = _rows(projection.project(res, "a", prefill=True))
+    g = projection.Assumptions().targets[0]
+    rtx = rows[("8x RTX PRO 6000 Blackwell", "prefill")]
+    ar = g.allreduce_latency_us + 2 * 7 / 8 * 6144 * 8192 * 2 / (g.link_busbw_gbs * 1e3)
+    gather = g.allreduce_latency_us + 7 / 8 * 154880 * 2 / (g.link_busbw_gbs * 1e3)
+    assert rtx["tokens"] == 8192 and rtx["comm_us"] == pytest.approx(157 * ar + gather, rel=1e-4)
+    # the layers' dense bytes carry all of the measured GGUF dense time: 78 layers' worth of it, scaled
+    layer_bytes = lambda n, nd_, nm_: (n * groups["attn_gguf_per_layer"] + nd_ * groups["dense_ffn_per_dense_layer"]
+                                       + nm_ * groups["shared_expert_per_moe_layer"])
+    h200 = rows[("8x H200", "prefill")]
+    assert h200["h200_us_by_group"]["gguf_dense"] == pytest.approx(
+        per_step["gguf_dense"] * layer_bytes(78, 3, 75) / layer_bytes(4, 1, 3), rel=1e-3)
+
+
 def test_projection_uses_the_full_models_bytes_a_layer():
     res = json.loads(FIXTURE.read_text())
     full = plan_groups(78, 3, "Q4_K_M", 8)
@@ -307,6 +373,119 @@ def test_a_part_against_the_stand_in_server(tmp_path, monkeypatch):
         assert window["per_step_us"]["indexer"] == 8.0 and window["start_status"] == 200
     md = (out / "slice.md").read_text()
     assert "## Start-up and memory" in md and "## Decode" in md and "## Kernel time per engine step" in md
+
+
+def _stand_in(tmp_path, monkeypatch) -> None:
+    """launch.sh → the stand-in server; make_slice_file → a 4-byte file per slice with the planned groups (its
+    file_bytes those of the slice part a measured on the H200, so that bench/results' part a can be the reference)."""
+    import e2e_parts.servers as servers
+
+    monkeypatch.setattr(servers, "LAUNCH", REPO / "tests" / "fake_launch.sh")
+    ref = json.loads(slice_serve.DEFAULT_LOGPROBS_REF.read_text())["slices"]["r8-Q4_K_M"]
+
+    def fake_slice(name, d):
+        preset, rank_of = parts.SLICES[name]
+        path = tmp_path / f"{name}.gguf"
+        path.write_bytes(b"GGUF")
+        groups = plan_groups(4, 1, preset, rank_of)
+        sizes = {"bytes": ref["bytes"], "file_bytes": ref["file_bytes"]} if name == "r8-Q4_K_M" else {
+            "bytes": groups["total"], "file_bytes": groups["total"] + 1}
+        return {"name": name, "preset": preset, "rank_of": rank_of, "path": str(path), "bytes_by_group": groups,
+                **sizes}
+    monkeypatch.setattr(parts, "make_slice_file", fake_slice)
+    monkeypatch.setattr(parts, "OUT_LEN", 24)
+    monkeypatch.setattr(parts, "PROFILE_DECODE_S", 0.2)
+    monkeypatch.setattr(parts, "PROFILE_MAX_TOKENS", 64)
+    for key in "adf":
+        monkeypatch.setattr(parts.PARTS[key], "concurrency", (1, 8))
+
+
+def _run(out, *args) -> dict:
+    assert slice_serve.main(["run", "--out", str(out), "--base-port", str(_free_port()), "--start-timeout", "60",
+                             *args]) == 0
+    return json.loads((out / "slice.json").read_text())
+
+
+def test_parts_b_to_f_against_the_stand_in_server(tmp_path, monkeypatch):
+    """Every part after a, in one run as on the device: each starts its own server with its own environment and
+    slice, measures what its steps say, and part b's log-probabilities are compared with part a's of the same run."""
+    _stand_in(tmp_path, monkeypatch)
+    out = tmp_path / "out"
+    res = _run(out, "--parts", "a,b,c,d,e,f")
+    p = res["parts"]
+    for key in "abcdef":
+        assert "error" not in p[key] and "skipped" not in p[key], (key, p[key].get("error"), p[key].get("skipped"))
+        assert p[key]["startup"]["ok"] and not p[key].get("skipped_steps"), key
+        assert p[key]["prefill"]["errors"] == 0 and p[key]["prefill"]["in_len"] == parts.PARTS[key].in_len
+        rows = p[key]["decode"]
+        assert [r["concurrency"] for r in rows] == list(parts.PARTS[key].concurrency), key
+        assert all(r["errors"] == 0 and r["in_len"] == parts.PARTS[key].in_len for r in rows), key
+    env = {k: p[k]["startup"]["env"] for k in "abcdef"}
+    assert env["b"] == {} and env["c"] == {"GLM5_SHIM_ATTENTION": "triton", "GLM5_SHIM_INDEXER": "triton",
+                                          "GLM5_SHIM_GGUF_KERNELS": "vllm"}
+    assert env["a"] == env["d"] == env["e"] == env["f"] == {"GLM5_SHIM_ATTENTION": "triton",
+                                                             "GLM5_SHIM_INDEXER": "triton"}
+    assert [p[k]["slice"] for k in "abcdef"] == ["r8-Q4_K_M"] * 4 + ["r8-IQ2_M", "full-Q4_K_M"]
+    assert res["slices"]["full-Q4_K_M"]["rank_of"] == 1 and res["slices"]["r8-IQ2_M"]["preset"] == "UD-IQ2_M-like"
+    for key in "bcef":  # the parts with a profile: both decode windows and the prefill chunk, in their own traces
+        assert set(p[key]["profile"]) == {"decode_c1", "decode_c32", "prefill"}, key
+        assert all(w["steps"] == 3 and w["trace"] for w in p[key]["profile"].values()), key
+        assert list((out / "traces" / key).glob("*.pt.trace.json.gz")), key
+    assert "profile" not in p["d"] and "logprobs" not in p["d"]
+    # the same prompts, the same (stand-in) model: every top-1 agrees, nothing differs
+    agree = res["logprob_agreement"]
+    assert agree["reference"] == "part a of this run" and agree["prompts_checked"]
+    assert agree["same_top1"] == agree["of"] == 5 and agree["errors"] == 0 and agree["max_top1_dlogprob"] == 0
+    assert [x["prompt_sha"] for x in p["a"]["logprobs"]] == [x["prompt_sha"] for x in p["b"]["logprobs"]]
+    md = (out / "slice.md").read_text()
+    assert "Same top-1: 5 of 5" in md and "| f | 2048 | 8 |" in md and "| d | 16384 | 8 |" in md
+    # the projection reads every rank-of-8 part's profile
+    for key in "bce":
+        assert projection.project(res, key)["rows"], key
+
+
+def test_part_b_alone_is_compared_with_a_recorded_part_a(tmp_path, monkeypatch):
+    """Part b in a device call of its own: part a's log-probabilities come from --logprobs-ref (default: the
+    H200's part a in bench/results) when the slice is byte for byte the same; otherwise the report says why not."""
+    _stand_in(tmp_path, monkeypatch)
+    res = _run(tmp_path / "out", "--parts", "b")
+    agree = res["logprob_agreement"]
+    assert agree["reference"].startswith(f"part a of {slice_serve.DEFAULT_LOGPROBS_REF}")
+    assert agree["of"] == 5 and agree["errors"] == 0  # the stand-in's numbers, against the H200's: compared
+    assert "Reference (a): part a of" in (tmp_path / "out" / "slice.md").read_text()
+    res = _run(tmp_path / "none", "--parts", "b", "--logprobs-ref", "")
+    assert res["logprob_agreement"] == {"error": "part a did not run (no --logprobs-ref)",
+                                        "reference": "part a did not run (no --logprobs-ref)"}
+    assert "Not compared: part a did not run" in (tmp_path / "none" / "slice.md").read_text()
+    other = json.loads(slice_serve.DEFAULT_LOGPROBS_REF.read_text())
+    other["slices"]["r8-Q4_K_M"]["file_bytes"] += 1
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    res = _run(tmp_path / "mismatch", "--parts", "b", "--logprobs-ref", str(tmp_path / "other.json"))
+    assert "is not this run's" in res["logprob_agreement"]["error"]
+
+
+def test_logprobs_of_different_prompts_are_not_compared():
+    a = [{"prompt_tokens": 64, "prompt_sha": "x", "id": 5, "top": {"5": -0.5}}]
+    b = [{"prompt_tokens": 64, "prompt_sha": "y", "id": 5, "top": {"5": -0.5}}]
+    c = measure.compare_logprobs(a, b)
+    assert c["of"] == 0 and c["errors"] == 1 and "different prompts" in c["rows"][0]["error"]
+    b[0]["prompt_tokens"] = 65
+    b[0].pop("prompt_sha")
+    assert measure.compare_logprobs(a, b)["errors"] == 1
+    assert "| error: different prompts" in report({"logprob_agreement": c})
+
+
+def test_a_part_past_the_budget_stops_cleanly(tmp_path, monkeypatch):
+    """A part started just inside --budget-s: its server starts, its steps are skipped, its server stops, and
+    slice.json and slice.md are written; the next part is not started."""
+    _stand_in(tmp_path, monkeypatch)
+    monkeypatch.setattr(parts.PARTS["a"], "est_s", 1)
+    res = _run(tmp_path / "out", "--parts", "a,b", "--budget-s", "20")
+    a = res["parts"]["a"]
+    assert a["startup"]["ok"] and "error" not in a
+    assert a["skipped_steps"] == ["decode", "prefill", "logprobs", "profile"]
+    assert "time budget" in res["parts"]["b"]["skipped"]
+    assert "skipped for time: decode, prefill, logprobs, profile" in (tmp_path / "out" / "slice.md").read_text()
 
 
 def test_the_budget_skips_parts_that_would_not_finish(tmp_path):

@@ -5,7 +5,8 @@ Categories (the issue's groups; `OTHER_KINDS` split "other" for the report):
   gguf_moe      routed experts: the shim's `_moe_kernel`; vLLM's `moe_q*`/`moe_vec_q*` (ggml_moe_a8[_vec]),
                 `moe_sum`, routing (top-k, align/sort by expert, router gemm)
   gguf_dense    GGUF linears: the shim's `_linear_kernel`, `_dequant_kernel`; vLLM's `mul_mat_vec_q*`, `mul_mat_q*`,
-                `dequantize_block*`, `quantize_q8_1` (its activation quantizer, MoE and dense alike)
+                `dequantize_block*`, `quantize_q8_1` (its activation quantizer: the MoE's when the next kernel on
+                its stream is a MoE kernel)
   attention     sparse MLA: the shim's `_sparse_mla_fwd_kernel`, `_sparse_mla_combine_kernel`, `_convert_kernel`
                 (top-k positions → cache slots); FlashMLA's kernels; KV-cache insert (concat_and_cache_*),
                 concat_mla_q, fp8 gather/upconvert
@@ -18,7 +19,9 @@ Categories (the issue's groups; `OTHER_KINDS` split "other" for the report):
                 dequantized wk/weights_proj, the float router gate), copies, memsets, all-reduce
 A gemm or copy launched (per the trace's CPU side) inside a GGUF op (`glm5_gguf_linear`, `ggml_*`), the fused MoE, the
 indexer op or the attention op takes that op's category: the shim's dense prefill path dequantizes and then runs a
-cuBLAS gemm. Under CUDA graphs the CPU side is one graph launch, so such kernels stay in "other".
+cuBLAS gemm. Under CUDA graphs the CPU side is one graph launch, so such kernels stay in "other" — except, by
+their place on the stream, the torch sum (and the copy after it) that ends the shim's split-K `_linear_kernel`
+(`out.copy_(dst.sum(0))`) and the top-k sum after the shim's `_moe_kernel`: they take that kernel's category.
 """
 from __future__ import annotations
 
@@ -36,12 +39,16 @@ LABELS = {"gguf_moe": "GGUF MoE", "gguf_dense": "GGUF dense", "attention": "atte
 # (category, pattern) in order: the first that matches (case-insensitive search) wins
 _RULES: tuple[tuple[str, str], ...] = (
     # the DSA indexer first: its top-k and cache ops would otherwise look like MoE routing or attention
-    ("indexer", r"mqa_logits|_fill_outside_kernel|indexer|top_?k_per_row|persistent_topk|clean_logits"),
-    # (Triton kernels are named after their function; an older Triton appended a signature suffix)
-    ("attention", r"mla|flash_fwd|concat_and_cache|cp_gather_and_upconvert|^_convert_kernel|sparse_attn"),
+    # (per_token_group_quant: the indexer's q to fp8, deepseek_v2.Indexer; nothing else is fp8 in a GGUF model)
+    ("indexer", r"mqa_logits|_fill_outside_kernel|indexer|top_?k_per_row|persistent_topk|clean_logits|"
+                r"per_token_group_quant"),
+    # (Triton kernels are named after their function; an older Triton appended a signature suffix;
+    # _convert_req_index_to_global_index_kernel is the native arm's top-k → cache slot step, the shim's _convert_kernel)
+    ("attention", r"mla|flash_fwd|concat_and_cache|cp_gather_and_upconvert|^_convert_(req_index_to_global_index_)?"
+                  r"kernel|sparse_attn"),
     ("gguf_moe", r"^_moe_kernel|moe_q\d|moe_vec_q|moe_sum|moe_align|sort_expert|count_and_sort|grouped_?topk|"
                  r"topk_?gating|topk_?softmax|topk_?sigmoid|topk_with_k2|group_idx_and_topk|noaux|router_gemm|"
-                 r"fused_moe|moe_"),
+                 r"fused_moe|moe_|moe::|moeTopK|moeSoftmax|moeSigmoid"),
     ("gguf_dense", r"^_linear_kernel|^_dequant_kernel|mul_mat_vec_q|mul_mat_q|dequantize_block|quantize_q8_1|"
                    r"ggml"),
     ("norm_rope_act", r"rms_?norm|layer_?norm|rotary|\brope\b|rope_|silu|act_and_mul|gelu|swiglu|"
@@ -54,6 +61,11 @@ OTHER_KINDS = (("gemm (cuBLAS/CUTLASS)", re.compile(r"gemm|nvjet|cutlass|xmma|wg
                                                       r"splitkreduce", re.IGNORECASE)),
                ("all-reduce", re.compile(r"allreduce|all_reduce|nccl|cross_device_reduce", re.IGNORECASE)),
                ("copy/fill", re.compile(r"copy|memcpy|memset|fill|cat_|index|gather|scatter", re.IGNORECASE)))
+# kernels placed by their neighbours on the stream (module docstring)
+_QUANTIZE_Q8_1 = re.compile(r"quantize_q8_1")
+_SPLIT_K_PRODUCER = re.compile(r"^_linear_kernel|^_moe_kernel")
+_SUM = re.compile(r"reduce_kernel.*sum_fun", re.IGNORECASE)
+_COPY = re.compile(r"copy_kernel", re.IGNORECASE)
 # CPU ops whose launches take the op's category (innermost enclosing op wins)
 _OP_RULES = tuple((cat, re.compile(pat, re.IGNORECASE)) for cat, pat in (
     ("gguf_moe", r"glm5_gguf_moe|ggml_moe|fused_moe|moe_forward"),
@@ -137,15 +149,19 @@ def group_trace(trace: dict, step_pattern: str = r"^execute_context_") -> dict:
     per_name = defaultdict(lambda: [0.0, 0, ""])
     other_kinds = defaultdict(float)
     first, last, n_kernels = None, None, 0
+    kernels = []
     for e in events:
         if e.get("ph") != "X" or (e.get("cat") or "").lower() != "kernel":
             continue
-        name, dur, ts = e.get("name", ""), float(e.get("dur", 0)), float(e["ts"])
+        name = e.get("name", "")
         cat = classify(name)
         if cat == "other" and ops_by_tid:
             launch = launches.get((e.get("args") or {}).get("correlation"))
             if launch is not None:
                 cat = _op_category_at(ops_by_tid, *launch) or cat
+        kernels.append([e.get("pid"), e.get("tid"), float(e["ts"]), float(e.get("dur", 0)), name, cat])
+    _place_by_neighbours(kernels)
+    for _pid, _tid, ts, dur, name, cat in kernels:
         kernel_us[cat] += dur
         count[cat] += 1
         n_kernels += 1
@@ -168,6 +184,31 @@ def group_trace(trace: dict, step_pattern: str = r"^execute_context_") -> dict:
             "total_us": round(sum(kernel_us.values()), 1),
             "gpu_span_us": round(last - first, 1) if first is not None else 0.0,
             "top": dict(top), "other_kinds": {k: round(v, 1) for k, v in other_kinds.items()}}
+
+
+def _place_by_neighbours(kernels: list[list]) -> None:
+    """In place, on [pid, tid, ts, dur, name, category] rows: on each stream in time order, vLLM's quantize_q8_1 takes
+    the category of the GGUF kernel it feeds (the next kernel: ggml_moe_a8[_vec] quantizes too, not only the dense
+    matmuls), and a torch sum that directly follows the shim's _linear_kernel or _moe_kernel (the split-K or top-k
+    sum), with the copy right after such a sum, takes that kernel's category."""
+    streams = defaultdict(list)
+    for row in kernels:
+        streams[(row[0], row[1])].append(row)
+    for rows in streams.values():
+        rows.sort(key=lambda r: r[2])
+        owner = None  # (category, what may follow: "sum" | "copy", a copy after the sum)
+        for i, row in enumerate(rows):
+            name = row[4]
+            if _QUANTIZE_Q8_1.search(name) and i + 1 < len(rows) and rows[i + 1][5] in ("gguf_moe", "gguf_dense"):
+                row[5] = rows[i + 1][5]
+            if owner and row[5] == "other" and (_SUM if owner[1] == "sum" else _COPY).search(name):
+                row[5] = owner[0]
+                # only the linear's float32 sum is copied back (out.copy_); the MoE sums into its output
+                owner = (owner[0], "copy", False) if owner[1] == "sum" and owner[2] else None
+            elif _SPLIT_K_PRODUCER.search(name):
+                owner = (row[5], "sum", name.startswith("_linear_kernel"))
+            else:
+                owner = None
 
 
 def newest_trace(directory: str | Path, after: float = 0.0) -> Path | None:

@@ -3,6 +3,8 @@ window. Requests go through bench/e2e_parts (stream_one, random_prompt, http_jso
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import random
 import statistics
 import time
@@ -107,18 +109,29 @@ def first_token_logprobs(arm: Arm, prompts: list[list[int]]) -> list[dict]:
             continue
         lp = body["choices"][0]["logprobs"]
         ids, tops = _ids_and_tops(lp["tokens"], lp["top_logprobs"])
-        out.append({"prompt_tokens": len(p), "id": ids[0], "top": tops[0]})
+        out.append({"prompt_tokens": len(p), "prompt_sha": prompt_sha(p), "id": ids[0], "top": tops[0]})
     return out
+
+
+def prompt_sha(ids: list[int]) -> str:
+    """A short digest of a token-id prompt: compare_logprobs checks both sides asked the same thing."""
+    return hashlib.sha1(json.dumps(ids).encode()).hexdigest()[:16]
 
 
 def compare_logprobs(a: list[dict], b: list[dict]) -> dict:
     """Shim vs native first-token log-probabilities on the same prompts: top-1 agreement, |Δ logprob| of a's top-1
     token (where b lists it), the largest |Δ| over the tokens both list, and a's top-2 gap (a near tie explains a
-    top-1 difference)."""
+    top-1 difference). Prompts are matched by position; a pair whose prompts differ (length, or digest where both
+    sides have one) is an error row, not a comparison."""
     rows = []
     for x, y in zip(a, b):
         if "error" in x or "error" in y:
             rows.append({"error": x.get("error") or y.get("error")})
+            continue
+        if x["prompt_tokens"] != y["prompt_tokens"] or (x.get("prompt_sha") and y.get("prompt_sha")
+                                                        and x["prompt_sha"] != y["prompt_sha"]):
+            rows.append({"error": f"different prompts ({x['prompt_tokens']} tokens {x.get('prompt_sha')} vs "
+                                  f"{y['prompt_tokens']} tokens {y.get('prompt_sha')})"})
             continue
         common = set(x["top"]) & set(y["top"])
         deltas = [abs(x["top"][t] - y["top"][t]) for t in common]
@@ -130,7 +143,8 @@ def compare_logprobs(a: list[dict], b: list[dict]) -> dict:
                      "top2_gap": round(vals[0] - vals[1], 5) if len(vals) > 1 else None})
     ok = [r for r in rows if "error" not in r]
     d1 = [r["top1_dlogprob"] for r in ok if r["top1_dlogprob"] is not None]
-    return {"rows": rows, "same_top1": sum(r["same_top1"] for r in ok), "of": len(rows),
+    return {"rows": rows, "same_top1": sum(r["same_top1"] for r in ok), "of": len(ok), "errors": len(rows) - len(ok),
+            "prompts_checked": all(x.get("prompt_sha") for x in a + b),
             "max_top1_dlogprob": max(d1) if d1 else None,
             "max_dlogprob_common": max((r["max_dlogprob_common"] or 0) for r in ok) if ok else None}
 
@@ -145,7 +159,7 @@ async def _post(arm: Arm, path: str) -> int:
 
 
 def profile_decode(arm: Arm, trace_dir: Path, concurrency: int, in_len: int, vocab: list[int], ttft_s: float,
-                   seconds: float, max_tokens: int) -> dict:
+                   seconds: float, max_tokens: int, trace_wait_s: float = 90) -> dict:
     """Kernels of decode steps at `concurrency`: start `concurrency` long streams, wait until all are decoding
     (1.3 × the time to first token measured at this shape, plus 0.5 s), profile for `seconds`, cancel the streams."""
     rng = random.Random(4242 + concurrency)
@@ -168,10 +182,12 @@ def profile_decode(arm: Arm, trace_dir: Path, concurrency: int, in_len: int, voc
 
     started, stopped, t_mark = asyncio.run(run())
     return _grouped(trace_dir, t_mark, {"kind": "decode", "concurrency": concurrency, "in_len": in_len,
-                                        "seconds": seconds, "start_status": started, "stop_status": stopped})
+                                        "seconds": seconds, "start_status": started, "stop_status": stopped},
+                    trace_wait_s)
 
 
-def profile_prefill(arm: Arm, trace_dir: Path, in_len: int, requests: int, vocab: list[int]) -> dict:
+def profile_prefill(arm: Arm, trace_dir: Path, in_len: int, requests: int, vocab: list[int],
+                    trace_wait_s: float = 90) -> dict:
     """Kernels of prefill steps: `requests` prompts of in_len tokens (one chunk each when in_len is at most
     --max-num-batched-tokens), max_tokens=1, one at a time, inside one profiled window."""
     rng = random.Random(777)
@@ -189,7 +205,7 @@ def profile_prefill(arm: Arm, trace_dir: Path, in_len: int, requests: int, vocab
 
     started, stopped, t_mark = asyncio.run(run())
     return _grouped(trace_dir, t_mark, {"kind": "prefill", "in_len": in_len, "requests": requests,
-                                        "start_status": started, "stop_status": stopped})
+                                        "start_status": started, "stop_status": stopped}, trace_wait_s)
 
 
 def _grouped(trace_dir: Path, after: float, info: dict, wait_s: float = 90) -> dict:

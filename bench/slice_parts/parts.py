@@ -96,8 +96,15 @@ def serve_flags(trace_dir: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return limits, extra
 
 
+SLICE_DISK_SPARE = 2 << 30  # bytes left free on --slice-dir's disk after a slice (logs, traces, vLLM's caches)
+
+
 def make_slice_file(name: str, slice_dir: Path) -> dict:
-    """Write the slice (make-slice's library call) unless a file of the planned size is there; its bytes by group."""
+    """Write the slice (make-slice's library call) unless it is there; its bytes by group. The file is written under
+    a temporary name and renamed when complete, so a file of that name is a whole slice (a run killed mid-write
+    leaves only the temporary file, which the next run overwrites)."""
+    import shutil
+
     from glm5_shim.gguf.slice.plan import plan_slice
     from glm5_shim.gguf.slice.writer import slice_info, write_plan
 
@@ -109,7 +116,16 @@ def make_slice_file(name: str, slice_dir: Path) -> dict:
     if path.is_file() and path.stat().st_size >= plan.nbytes:
         info.update(path=str(path), bytes=plan.nbytes, reused=True, file_bytes=path.stat().st_size)
         return info
-    info.update(slice_info(write_plan(path, plan, seed=0)), file_bytes=path.stat().st_size)
+    slice_dir.mkdir(parents=True, exist_ok=True)
+    partial = slice_dir / f"{name}.partial.gguf"
+    partial.unlink(missing_ok=True)
+    free = shutil.disk_usage(slice_dir).free
+    if free < plan.nbytes + SLICE_DISK_SPARE:
+        raise RuntimeError(f"slice {name}: {plan.nbytes / 1e9:.1f} GB to write, {free / 1e9:.1f} GB free on "
+                           f"{slice_dir} (and {SLICE_DISK_SPARE / 2**30:.0f} GiB kept spare)")
+    result = slice_info(write_plan(partial, plan, seed=0))
+    os.replace(partial, path)
+    info.update(result, path=str(path), file_bytes=path.stat().st_size)
     return info
 
 
@@ -137,12 +153,48 @@ class Runner:
     def elapsed(self) -> float:
         return time.time() - self.t0
 
+    def logprob_reference(self) -> tuple[list | None, str]:
+        """Part a's first-token log-probabilities to compare part b's with: this run's, else those of the slice.json
+        named by --logprobs-ref when its r8-Q4_K_M slice is this run's (same bytes: make-slice is deterministic for
+        its arguments and seed). (None, why not) otherwise."""
+        a = self.results["parts"].get("a", {})
+        if a.get("logprobs"):
+            return a["logprobs"], "part a of this run"
+        ref = getattr(self.args, "logprobs_ref", "") or ""
+        if not ref:
+            return None, "part a did not run (no --logprobs-ref)"
+        try:
+            other = json.loads(Path(ref).read_text())
+            ref_lp = other["parts"]["a"]["logprobs"]
+            ref_slice = other["slices"][PARTS["a"].slice]
+        except (OSError, ValueError, KeyError) as exc:
+            return None, f"part a did not run, and {ref} has no part-a log-probabilities ({exc!r})"
+        mine = self.results["slices"].get(PARTS["a"].slice, {})
+        same = all(mine.get(k) is not None and mine.get(k) == ref_slice.get(k) for k in ("bytes", "file_bytes"))
+        if not same:
+            return None, (f"part a did not run, and {ref}'s slice ({ref_slice.get('file_bytes')} bytes) is not this "
+                          f"run's ({mine.get('file_bytes')} bytes)")
+        return ref_lp, f"part a of {ref} ({other.get('date', '?')})"
+
     def save(self) -> None:
-        a, b = self.results["parts"].get("a", {}), self.results["parts"].get("b", {})
-        if a.get("logprobs") and b.get("logprobs"):
-            self.results["logprob_agreement"] = measure.compare_logprobs(a["logprobs"], b["logprobs"])
-        (self.out / "slice.json").write_text(json.dumps(self.results, indent=1))
-        (self.out / "slice.md").write_text(report(self.results))
+        b = self.results["parts"].get("b", {})
+        if b.get("logprobs"):
+            ref, source = self.logprob_reference()
+            agreement = measure.compare_logprobs(ref, b["logprobs"]) if ref else {"error": source}
+            self.results["logprob_agreement"] = dict(agreement, reference=source)
+        # each file written whole or not at all (a SIGTERM from `timeout` may land here); slice.json first, and
+        # whatever the report makes of it
+        self._write("slice.json", json.dumps(self.results, indent=1))
+        try:
+            text = report(self.results)
+        except Exception as exc:  # noqa: BLE001 - the JSON holds the numbers; `slice_serve.py report` can redo this
+            text = f"# report failed: {exc!r}\n"
+        self._write("slice.md", text)
+
+    def _write(self, name: str, text: str) -> None:
+        tmp = self.out / f".{name}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, self.out / name)
 
     def log(self, msg: str) -> None:
         print(f"[slice] {self.elapsed():6.0f} s  {msg}", flush=True)
@@ -153,7 +205,8 @@ class Runner:
             res["server"] = f"reused {self.arm.name}"
             return self.arm
         self.stop_server()
-        if part.slice not in self.results["slices"]:
+        made = self.results["slices"].get(part.slice)
+        if made is None or not Path(made.get("path", "")).is_file():  # (--resume on a fresh machine: made again)
             t = time.time()
             self.results["slices"][part.slice] = make_slice_file(part.slice, self.slice_dir)
             self.results["slices"][part.slice]["make_wall_s"] = round(time.time() - t, 1)
@@ -168,8 +221,11 @@ class Runner:
         self.servers_started += 1
         start(arm, {part.slice: self.results["slices"][part.slice]["path"]}, self.out, 1, extra=extra, limits=limits)
         self.arm, self.rss = arm, PeakRss(arm.proc.pid)
+        timeout = self.args.start_timeout
+        if self.args.budget_s:  # a server that is not up in time is this part's error, not the run's timeout
+            timeout = max(30.0, min(timeout, self.args.budget_s - self.elapsed()))
         try:
-            wait_ready(arm, self.args.start_timeout)
+            wait_ready(arm, timeout)
         except RuntimeError:
             self.startup_record(arm, res, ok=False)
             raise
@@ -209,7 +265,7 @@ class Runner:
                 res = self.results["parts"].setdefault(key, {})
                 res.update(title=part.title, slice=part.slice, path=part.path, kernels=part.kernels)
                 reuse = self.arm is not None and self.arm.server_key == part.server_key
-                est = part.est_s - (90 if reuse else 0)
+                est = part.est_s - (90 if reuse else 0) + self.slice_write_s(part.slice)
                 if self.args.budget_s and self.elapsed() + est > self.args.budget_s:
                     res["skipped"] = f"time budget ({self.elapsed():.0f} s used, ~{est} s needed)"
                     self.log(f"part {key}: {res['skipped']}")
@@ -228,6 +284,23 @@ class Runner:
             self.stop_server()
             self.save()
         return 0
+
+    def slice_write_s(self, name: str) -> float:
+        """Seconds to write the slice if this run has not (~1 GB/s measured on the device; part a's 2.5 GB slice is
+        in est_s already)."""
+        made = self.results["slices"].get(name)
+        if (made and Path(made.get("path", "")).is_file()) or name == PARTS["a"].slice:
+            return 0.0
+        from glm5_shim.gguf.slice.plan import plan_slice
+
+        preset, rank_of = SLICES[name]
+        return plan_slice(LAYERS, DENSE_LAYERS, preset, rank_of=rank_of).nbytes / 0.8e9
+
+    def trace_wait_s(self) -> float:
+        """How long to wait for the profiler's trace file: 90 s, less when the budget is nearer."""
+        if not self.args.budget_s:
+            return 90.0
+        return max(10.0, min(90.0, self.args.budget_s - self.elapsed() - 15))
 
     def budget_left(self, reserve: float) -> bool:
         return not self.args.budget_s or self.elapsed() + reserve < self.args.budget_s
@@ -271,11 +344,14 @@ class Runner:
             ttft = decoded.get(c, {}).get("ttft_ms_max", 3000.0) / 1e3
             max_tokens = min(PROFILE_MAX_TOKENS, MAX_MODEL_LEN - part.in_len - 8)
             prof[f"decode_c{c}"] = measure.profile_decode(arm, arm.trace_dir, c, part.in_len, self.vocab, ttft,
-                                                          PROFILE_DECODE_S, max_tokens)
+                                                          PROFILE_DECODE_S, max_tokens, self.trace_wait_s())
             self.log(f"profile decode c={c}: {_short(prof[f'decode_c{c}'])}")
             self.save()
-        if self.budget_left(40):
-            prof["prefill"] = measure.profile_prefill(arm, arm.trace_dir, MAX_NUM_BATCHED_TOKENS, 3, self.vocab)
+        if not self.budget_left(40):
+            res.setdefault("skipped_steps", []).append("profile prefill")
+        else:
+            prof["prefill"] = measure.profile_prefill(arm, arm.trace_dir, MAX_NUM_BATCHED_TOKENS, 3, self.vocab,
+                                                      self.trace_wait_s())
             self.log(f"profile prefill: {_short(prof['prefill'])}")
 
 

@@ -63,11 +63,17 @@ def report(results: dict) -> str:
                          f"{_v(r.get('ttft_ms_median'))} | {r['errors']} |")
         lines.append("")
     agree = results.get("logprob_agreement")
-    if agree:
+    if agree and "rows" not in agree:
+        lines += ["## First-token log-probabilities, shim-forced (a) vs native (b)", "",
+                  f"Not compared: {agree.get('error', '?')}.", ""]
+    elif agree:
         lines += ["## First-token log-probabilities, shim-forced (a) vs native (b), same slice and prompts", "",
                   f"Same top-1: {agree['same_top1']} of {agree['of']}; max |Δ logprob| of the top-1 token "
                   f"{_v(agree.get('max_top1_dlogprob'))}; max over the top-5 tokens both list "
-                  f"{_v(agree.get('max_dlogprob_common'))}. Both arms load the GGUF through the shim and run the same "
+                  f"{_v(agree.get('max_dlogprob_common'))}; errors {agree.get('errors', 0)}. Reference (a): "
+                  f"{agree.get('reference', 'part a of this run')}"
+                  f"{'' if agree.get('prompts_checked') else ' (prompts matched by length only)'}. "
+                  "Both arms load the GGUF through the shim and run the same "
                   "GGUF matmul kernels: the difference is the attention and indexer path (random-weight slice: "
                   "near ties, a small top-2 gap, can flip the top-1 token).", "",
                   "| prompt tokens | same top-1 | |Δ lp| top-1 | max |Δ lp| common | common of 5 | top-2 gap (shim) |",
