@@ -137,22 +137,34 @@ def routings(t: int, count: int, gen: torch.Generator):
     return ids, wts
 
 
+def rank_experts(name: str, gen: torch.Generator, tp: int = 8):
+    """(qtype, w13, w2, bytes of one expert) of one MoE layer's routed experts per rank at TP tp, random blocks."""
+    qt = TYPES[name]
+    inter = EXPERT_WIDTH // tp
+    w13 = random_blocks_cuda(qt, (EXPERTS, 2 * inter), HIDDEN, gen)
+    w2 = random_blocks_cuda(qt, (EXPERTS, HIDDEN), inter, gen)
+    return qt, w13, w2, w13[0].numel() + w2[0].numel()
+
+
+def call_inputs(t: int, gen: torch.Generator, expert_bytes: int, bw: float):
+    """A cycle of fresh routings for T tokens (enough calls to leave L2), the activations, and the floor µs: the
+    distinct experts' bytes a call reads / bandwidth."""
+    cycle = max(4, min(64, 4096 // t))
+    ids, wts = routings(t, cycle, gen)
+    x = (torch.randn(t, HIDDEN, device="cuda", generator=gen) * 0.5).to(torch.bfloat16)
+    floor = sum(int(i.unique().numel()) for i in ids) / cycle * expert_bytes / bw * 1e6
+    return ids, wts, x, floor
+
+
 def bench_moe(tp: int, type_names, tokens, bw, peak, gen, vg, bf16_moe, rows):
     inter = EXPERT_WIDTH // tp
     for name in type_names:
-        qt = TYPES[name]
-        w13 = random_blocks_cuda(qt, (EXPERTS, 2 * inter), HIDDEN, gen)
-        w2 = random_blocks_cuda(qt, (EXPERTS, HIDDEN), inter, gen)
-        expert_bytes = w13[0].numel() + w2[0].numel()
+        qt, w13, w2, expert_bytes = rank_experts(name, gen, tp)
         w13_bf = dequant_cuda(vg, w13, qt, HIDDEN) if vg else None
         w2_bf = dequant_cuda(vg, w2, qt, inter) if vg else None
         for t in tokens:
-            cycle = max(4, min(64, 4096 // t))
-            ids, wts = routings(t, cycle, gen)
-            x = (torch.randn(t, HIDDEN, device="cuda", generator=gen) * 0.5).to(torch.bfloat16)
+            ids, wts, x, floor = call_inputs(t, gen, expert_bytes, bw)
             xh = x.half()
-            distinct = sum(int(i.unique().numel()) for i in ids) / cycle
-            floor = distinct * expert_bytes / bw * 1e6
             flops = 2 * t * TOP_K * (HIDDEN * 2 * inter + inter * HIDDEN)
             tc_floor = flops / peak * 1e6
             row = dict(kind="moe", tp=tp, type=name, T=t, floor_us=floor, tc_floor_us=tc_floor)
@@ -214,15 +226,10 @@ def bench_moe_profile(types, tokens, gen, rows):
     """Where a MoE call's time goes: every kernel's device time per call (torch profiler, eager calls of the
     same cycle the timing uses), next to the graph-replayed µs of the whole call; the difference is launch gaps."""
     from torch.profiler import ProfilerActivity, profile
-    inter = EXPERT_WIDTH // 8
     for name in types:
-        qt = TYPES[name]
-        w13 = random_blocks_cuda(qt, (EXPERTS, 2 * inter), HIDDEN, gen)
-        w2 = random_blocks_cuda(qt, (EXPERTS, HIDDEN), inter, gen)
+        qt, w13, w2, expert_bytes = rank_experts(name, gen)
         for t in tokens:
-            cycle = max(4, min(64, 4096 // t))
-            ids, wts = routings(t, cycle, gen)
-            x = (torch.randn(t, HIDDEN, device="cuda", generator=gen) * 0.5).to(torch.bfloat16)
+            ids, wts, x, _ = call_inputs(t, gen, expert_bytes, 1.0)
             calls = [lambda i=i, w=w: gm.gguf_moe(x, w13, w2, w, i, qt, qt, align=ALIGN) for i, w in zip(ids, wts)]
             total = graph_us(calls)
             for c in calls:
@@ -249,17 +256,10 @@ def bench_probe(types, tokens, bw, gen, rows):
     """Place a MoE call's time without hardware counters: the same call with the kernel's PROBE variants — 0: as
     served, 1: Q4_K codes decoded twice, 2: every dot twice (graph µs each); the differences are what one decode and
     one round of dots cost inside the kernel, with the loads and their pipelining unchanged."""
-    inter = EXPERT_WIDTH // 8
     for name in types:
-        qt = TYPES[name]
-        w13 = random_blocks_cuda(qt, (EXPERTS, 2 * inter), HIDDEN, gen)
-        w2 = random_blocks_cuda(qt, (EXPERTS, HIDDEN), inter, gen)
-        expert_bytes = w13[0].numel() + w2[0].numel()
+        qt, w13, w2, expert_bytes = rank_experts(name, gen)
         for t in tokens:
-            cycle = max(4, min(64, 4096 // t))
-            ids, wts = routings(t, cycle, gen)
-            x = (torch.randn(t, HIDDEN, device="cuda", generator=gen) * 0.5).to(torch.bfloat16)
-            floor = sum(int(i.unique().numel()) for i in ids) / cycle * expert_bytes / bw * 1e6
+            ids, wts, x, floor = call_inputs(t, gen, expert_bytes, bw)
             row = dict(kind="probe", what=f"moe tp8 {name}", T=t, floor_us=floor)
             for probe in (0, 1, 2):
                 plan = {**gm.moe_plan(t, TOP_K, EXPERTS), "probe": probe}
@@ -282,17 +282,10 @@ def bench_sweep(bw, gen, rows, types=("Q4_K",)):
     prefill = [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st)
                for bm, bn, w, st in itertools.product((64, 128), (64, 128), (4, 8), (2,)) if not (bm == bn == 128
                                                                                                      and w == 4)]
-    inter = EXPERT_WIDTH // 8
     for name in types:
-        qt = TYPES[name]
-        w13 = random_blocks_cuda(qt, (EXPERTS, 2 * inter), HIDDEN, gen)
-        w2 = random_blocks_cuda(qt, (EXPERTS, HIDDEN), inter, gen)
-        expert_bytes = w13[0].numel() + w2[0].numel()
+        qt, w13, w2, expert_bytes = rank_experts(name, gen)
         for t, cfgs in ((1, decode), (32, decode), (1024, prefill if name == "Q4_K" else [])):
-            cycle = max(4, min(64, 4096 // t))
-            ids, wts = routings(t, cycle, gen)
-            x = (torch.randn(t, HIDDEN, device="cuda", generator=gen) * 0.5).to(torch.bfloat16)
-            floor = sum(int(i.unique().numel()) for i in ids) / cycle * expert_bytes / bw * 1e6
+            ids, wts, x, floor = call_inputs(t, gen, expert_bytes, bw)
             for cfg in cfgs:
                 plan = gm.moe_plan(t, TOP_K, EXPERTS, tuning=cfg)
                 try:
