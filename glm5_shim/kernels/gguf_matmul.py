@@ -2,11 +2,14 @@
 
 Weights stay exactly as the GGUF stores them (vLLM's ``qweight``: uint8 rows of blocks, one row per output
 feature), so nothing is repacked at load time, no memory is added, and vLLM's own kernels can still read the same
-tensors.  Every program walks K in steps of 128 values; :func:`_weight_tile` turns one step of ``BLOCK_N`` rows
-into a float32 [BLOCK_N, 128] tile in registers (codes, 6-bit scales and fp16 super-scales decoded with integer
-ops), which is cast to the activation dtype and fed to ``tl.dot`` with fp32 accumulation.  The weight is thereby
-rounded once to the activation dtype (bf16: 2**-9 relative, fp16: 2**-12) — the same rounding vLLM's bf16
-weights carry; the activations are not quantized (vLLM's ggml kernels round them to 8 bits first).
+tensors.  Every program walks K in steps of 128 values and turns a step of ``BLOCK_N`` rows into float32 weights in
+registers — Q4_K/Q5_K with :func:`_q45_step` (codes to exact numbers by PTX bit operations, one dot per 32-value
+group; 16-byte aligned rows, so Triton's pipeliner streams them), the other types with :func:`_load_step` /
+:func:`_decode_step` (integers through 2**23-magic floats; step i + 1's loads issued before step i decodes) — casts
+them to the activation dtype and feeds ``tl.dot`` with fp32 accumulation.  No int-to-float conversion instruction
+is used: it runs at a quarter of the FMA rate.  The weight is rounded once to the activation dtype (bf16: 2**-9
+relative, fp16: 2**-12) — the same rounding vLLM's bf16 weights carry; the activations are not quantized (vLLM's
+ggml kernels round them to 8 bits first).
 
 Block layouts (``gguf.GGML_QUANT_SIZES``; checked against the ``gguf`` package's dequantizers in the tests):
 * Q8_0, 34 B / 32 values: fp16 d, int8 q[32];                          w = d*q
@@ -15,6 +18,11 @@ Block layouts (``gguf.GGML_QUANT_SIZES``; checked against the ``gguf`` package's
 * Q5_K, 176 B / 256: as Q4_K, plus 32 B of high bits before the nibbles (bit g of byte l: group g, value l)
 * Q6_K, 210 B / 256: 128 B low nibbles, 64 B 2-bit highs, 16 int8 scales (one per 16 values), fp16 d;
                      w = d*sc*(q - 32)
+* Q2_K, 84 B / 256: 16 scale bytes (4-bit scale, 4-bit min per 16 values), 64 B of 2-bit codes, fp16 d, dmin;
+                     w = d*sc*q - dmin*m
+* Q3_K, 110 B / 256: 32 B high-bit mask, 64 B of 2-bit codes, 12 B of 16 6-bit scales, fp16 d;
+                     w = d*(sc - 32)*(q - 4 unless its mask bit is set)
+(Q2_K and Q3_K: kernel_coverage.KERNEL_TYPES_AWAITING_GPU — tested here and in the interpreter, not yet served.)
 
 Two kernels share that step: :func:`_linear_kernel` (x @ W.T, optionally split over K for decode-sized M) and
 :func:`_moe_kernel` (rows grouped by expert with the usual (sorted ids, expert of each block, padded count)
