@@ -32,7 +32,8 @@ import triton.testing  # noqa: E402
 from glm5_shim.kernels import gguf_matmul as gm  # noqa: E402
 from glm5_shim.kernels import gguf_matmul_reference as ref  # noqa: E402
 
-TYPES = {"Q4_K": gm.Q4_K, "Q6_K": gm.Q6_K, "Q5_K": gm.Q5_K, "Q8_0": gm.Q8_0, "Q2_K": gm.Q2_K, "Q3_K": gm.Q3_K}
+TYPES = {"Q4_K": gm.Q4_K, "Q6_K": gm.Q6_K, "Q5_K": gm.Q5_K, "Q8_0": gm.Q8_0, "Q2_K": gm.Q2_K, "Q3_K": gm.Q3_K,
+         "IQ4_XS": gm.IQ4_XS, "IQ4_NL": gm.IQ4_NL}
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096)
 HIDDEN, EXPERTS, TOP_K, EXPERT_WIDTH = 6144, 256, 8, 2048
 BF16_PEAK = {(9, 0): 989e12, (12, 0): 503e12}  # dense bf16 tensor FLOP/s (H200 SXM; RTX PRO 6000 published)

@@ -47,6 +47,8 @@ Q5_K = int(gguf.GGMLQuantizationType.Q5_K)
 Q6_K = int(gguf.GGMLQuantizationType.Q6_K)
 Q2_K = int(gguf.GGMLQuantizationType.Q2_K)
 Q3_K = int(gguf.GGMLQuantizationType.Q3_K)
+IQ4_NL = int(gguf.GGMLQuantizationType.IQ4_NL)
+IQ4_XS = int(gguf.GGMLQuantizationType.IQ4_XS)
 SUPPORTED_TYPES = SHIM_KERNEL_TYPES + KERNEL_TYPES_AWAITING_GPU  # what the kernels read (serving: kernel_coverage)
 _INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")  # the PTX helpers need a GPU
 STEP_K = 128  # values of K each program decodes per step (half a K-quant super-block, four Q8_0 blocks)
@@ -65,6 +67,20 @@ def row_bytes(qtype: int, k: int) -> int:
 # ----------------------------------------------------------------------------------------------------------------
 # device helpers
 # ----------------------------------------------------------------------------------------------------------------
+
+
+# IQ4_NL / IQ4_XS: a 4-bit code indexes 16 non-linear int8 values (gguf.quants.IQ4_NL.kvalues), held here as the
+# bytes of two 64-bit words (codes 0-7, 8-15) so the lookup is a shift of a constant, not a memory access.
+_IQ4_VALUES_LO = tl.constexpr(0xF6EADDCFBFAD9881 - (1 << 64))  # as int64
+_IQ4_VALUES_HI = tl.constexpr(0x7159453526190D01)
+
+
+@triton.jit
+def _iq4_values(q):
+    """int32 codes 0..15 -> their IQ4 values as float32 (exact)."""
+    word = tl.where(q < 8, _IQ4_VALUES_LO, _IQ4_VALUES_HI)
+    byte = ((word >> (8 * (q & 7)).to(tl.int64)) & 0xFF).to(tl.int32)   # the value's two's-complement byte
+    return ((byte ^ 0x80) | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0
 
 
 @triton.jit
@@ -96,6 +112,19 @@ def _load_step(wp, i, QTYPE: tl.constexpr):
         sc = tl.load(sbp[:, None] + 8 * hf + tl.arange(0, 8)[None, :])                      # [BN, 8]
         dd = tl.load((sbp + 80).to(tl.pointer_type(tl.int16))[:, None] + tl.arange(0, 2)[None, :])  # [BN, 2]
         return dd, qs, sc, sc
+    elif QTYPE == 20:  # IQ4_NL: four 18-byte blocks (fp16 d, 16 code bytes)
+        bp = wp[:, None] + (4 * i + tl.arange(0, 4))[None, :] * 18                         # [BN, 4]
+        d = tl.load(bp.to(tl.pointer_type(tl.int16)))
+        q = tl.load(bp[:, :, None] + 2 + tl.arange(0, 16)[None, None, :])                  # [BN, 4, 16]
+        return d, q, q, q
+    elif QTYPE == 23:  # IQ4_XS: half a 136-byte super-block: 64 code bytes, 2 scale_l bytes, scale_h, d
+        sbp = wp + (i // 2) * 136
+        hf = i % 2
+        q = tl.load(sbp[:, None, None] + 8 + 64 * hf + 16 * tl.arange(0, 4)[None, :, None]
+                    + tl.arange(0, 16)[None, None, :])                                      # [BN, 4, 16]
+        dh = tl.load(sbp.to(tl.pointer_type(tl.int16))[:, None] + tl.arange(0, 2)[None, :])  # [BN, 2]: d, scales_h
+        sl = tl.load(sbp[:, None] + 4 + 2 * hf + tl.arange(0, 2)[None, :])                  # [BN, 2]
+        return dh, q, sl, sl
     elif QTYPE == 11:  # Q3_K: half a 110-byte super-block (2-byte aligned rows: byte loads)
         sbp = wp + (i // 2) * 110
         hf = i % 2
@@ -262,6 +291,26 @@ def _decode_step(raw, i, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
         scale = ((low | (high << 4)) - 32).to(tl.float32)
         dl = d.to(tl.float16, bitcast=True).to(tl.float32)[:, None, None] * tl.reshape(scale, (BLOCK_N, 4, 2))
         w = dl[:, :, :, None] * qf
+    elif QTYPE == 20:
+        # IQ4_NL: value 16 h + l of each block = the table value of nibble h of code byte l; w = d * value
+        d, q, _, _ = raw
+        qi = q.to(tl.int32)
+        v = _iq4_values(tl.join(qi & 15, qi >> 4))                                           # [BN, 4, 16, 2]
+        w = d.to(tl.float16, bitcast=True).to(tl.float32)[:, :, None, None] * tl.permute(v, (0, 1, 3, 2))
+    elif QTYPE == 23:
+        # IQ4_XS: group g of half hf (ib = 4 hf + g) as IQ4_NL's block layout, scale
+        # ((scales_l[ib / 2] >> 4 (ib % 2)) & 15 | ((scales_h >> 2 ib) & 3) << 4) - 32; w = d * scale * value
+        dh, q, sl, _ = raw
+        hf = i % 2
+        d16, sh16 = tl.split(dh)
+        d = d16.to(tl.float16, bitcast=True).to(tl.float32)
+        sh = sh16.to(tl.int32) & 0xFFFF
+        low = tl.reshape((sl.to(tl.int32)[:, :, None] >> (4 * tl.arange(0, 2))[None, None, :]) & 15, (BLOCK_N, 4))
+        high = (sh[:, None] >> (2 * (4 * hf + tl.arange(0, 4)))[None, :]) & 3
+        dl = d[:, None] * ((low | (high << 4)) - 32).to(tl.float32)                          # [BN, 4]
+        qi = q.to(tl.int32)
+        v = _iq4_values(tl.join(qi & 15, qi >> 4))                                           # [BN, 4, 16, 2]
+        w = dl[:, :, None, None] * tl.permute(v, (0, 1, 3, 2))
     elif QTYPE == 14:
         d, ql, qh, sc = raw
         s = tl.arange(0, 8)[None, :, None]

@@ -13,10 +13,11 @@ import torch
 
 from glm5_shim.gguf import kquants
 from glm5_shim.gguf.slice.blocks import SCALE_FIELDS
-from glm5_shim.kernels.gguf_matmul import Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, block_bytes
+from glm5_shim.kernels.gguf_matmul import IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, block_bytes
 
 # the size the fp16 scale fields are drawn around (weights ~ 1e-2); their offsets are slice/blocks.SCALE_FIELDS
-_F16_SCALE = {Q8_0: 1e-3, Q4_K: 1e-3, Q5_K: 5e-4, Q6_K: 5e-4, Q2_K: 2e-3, Q3_K: 5e-4}
+_F16_SCALE = {Q8_0: 1e-3, Q4_K: 1e-3, Q5_K: 5e-4, Q6_K: 5e-4, Q2_K: 2e-3, Q3_K: 5e-4, IQ4_NL: 1e-4,
+              IQ4_XS: 1e-5}
 _QUANTIZERS = {Q4_K: kquants.quantize_q4_k, Q5_K: kquants.quantize_q5_k, Q6_K: kquants.quantize_q6_k,
                Q2_K: kquants.quantize_q2_k, Q3_K: kquants.quantize_q3_k}
 
@@ -42,8 +43,13 @@ def random_blocks(qtype: int, rows: int | tuple[int, ...], k: int, generator: to
     return raw.view(*shape, nblocks * nbytes)
 
 
+QUANTIZABLE = (Q8_0, *_QUANTIZERS)  # the types a real quantizer exists for here (none for the IQ types)
+
+
 def quantized_blocks(qtype: int, weight: torch.Tensor) -> torch.Tensor:
-    """[rows, k] float -> [rows, row bytes] uint8 by a real quantizer of ``qtype``."""
+    """[rows, k] float -> [rows, row bytes] uint8 by a real quantizer of ``qtype`` (one of QUANTIZABLE)."""
+    if qtype not in QUANTIZABLE:
+        raise ValueError(f"no quantizer for GGML type {gguf.GGMLQuantizationType(qtype).name} here: use random_blocks")
     w = weight.detach().to(torch.float32).cpu().numpy()
     if qtype == Q8_0:
         q = gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0)

@@ -30,12 +30,12 @@ def _rel(got, want):
 
 def _weights(qtype, rows, k, g, quantized):
     gm, ref = _mods()
-    if quantized:
+    if quantized and qtype in ref.QUANTIZABLE:  # random valid blocks where no quantizer exists (IQ types)
         return ref.quantized_blocks(qtype, torch.randn(rows, k, generator=g) * 0.02)
     return ref.random_blocks(qtype, rows, k, g)
 
 
-@pytest.mark.parametrize("qtype_name", ["Q4_K", "Q6_K", "Q5_K", "Q8_0", "Q2_K", "Q3_K"])
+@pytest.mark.parametrize("qtype_name", ["Q4_K", "Q6_K", "Q5_K", "Q8_0", "Q2_K", "Q3_K", "IQ4_XS", "IQ4_NL"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_linear_vs_float64(qtype_name, dtype):
     gm, ref = _mods()
@@ -82,7 +82,7 @@ def _moe_case(qtype13, qtype2, e, h, inter, t, top_k, g, hot=None):
 
 
 @pytest.mark.parametrize("types", [("Q4_K", "Q6_K"), ("Q5_K", "Q8_0"), ("Q6_K", "Q6_K"), ("Q8_0", "Q4_K"),
-                                   ("Q2_K", "Q3_K")])
+                                   ("Q2_K", "Q3_K"), ("IQ4_XS", "IQ4_NL")])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_moe_vs_float64(types, dtype):
     gm, ref = _mods()
