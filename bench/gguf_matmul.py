@@ -256,7 +256,8 @@ def bench_moe_profile(types, tokens, gen, rows):
 def bench_probe(types, tokens, bw, gen, rows):
     """Place a MoE call's time without hardware counters: the same call with the kernel's PROBE variants — 0: as
     served, 1: Q4_K codes decoded twice, 2: every dot twice (graph µs each); the differences are what one decode and
-    one round of dots cost inside the kernel, with the loads and their pipelining unchanged."""
+    one round of dots cost inside the kernel (estimates: the compiler stages the probes' loads differently, see
+    _moe_kernel's PROBE)."""
     for name in types:
         qt, w13, w2, expert_bytes = rank_experts(name, gen)
         for t in tokens:

@@ -499,9 +499,10 @@ def _moe_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_p
                 ROUTE_WEIGHTED: tl.constexpr, DOT_PRECISION: tl.constexpr, PROBE: tl.constexpr = 0):
     """One (block of BLOCK_M routed rows of one expert) x (BLOCK_N output features) x (K split) tile.
 
-    PROBE (bench/gguf_matmul.py --parts probe only; 0 in serving): Q4_K codes decoded twice (1) or every dot done
-    twice (2) — what each adds to the call's time places it without hardware counters, with the loads, their
-    pipelining and the rest of the kernel unchanged.
+    PROBE (bench/gguf_matmul.py --parts probe only; 0 in serving, where it compiles to the same SASS): Q4_K codes
+    decoded twice (1) or every dot done twice (2) — what each adds to the call's time places it without hardware
+    counters.  The loads are the same, but the compiler stages them differently (offline, sm_90: 12 KiB of shared
+    memory for either probe against 18.5 KiB served), so read the differences as estimates.
 
     GATED (w13, unsplit): weight rows n and N + n are gate and up; stores SiLU(gate) * up.  Otherwise stores the
     product (times the row's routing weight when ROUTE_WEIGHTED) to split plane program_id(1) of out.  Row r of
