@@ -22,7 +22,10 @@ Block layouts (``gguf.GGML_QUANT_SIZES``; checked against the ``gguf`` package's
                      w = d*sc*q - dmin*m
 * Q3_K, 110 B / 256: 32 B high-bit mask, 64 B of 2-bit codes, 12 B of 16 6-bit scales, fp16 d;
                      w = d*(sc - 32)*(q - 4 unless its mask bit is set)
-(Q2_K and Q3_K: kernel_coverage.KERNEL_TYPES_AWAITING_GPU — tested here and in the interpreter, not yet served.)
+* IQ4_NL, 18 B / 32: fp16 d, 16 B of nibbles indexing 16 fixed int8 values;  w = d*value
+* IQ4_XS, 136 B / 256: fp16 d, 2 B high and 4 B low bits of 8 6-bit scales, 128 B of nibbles as IQ4_NL's;
+                     w = d*(sc - 32)*value
+(Q2_K, Q3_K, IQ4_XS, IQ4_NL: kernel_coverage.KERNEL_TYPES_AWAITING_GPU — tested in the interpreter, not yet served.)
 
 Two kernels share that step: :func:`_linear_kernel` (x @ W.T, optionally split over K for decode-sized M) and
 :func:`_moe_kernel` (rows grouped by expert with the usual (sorted ids, expert of each block, padded count)
@@ -134,18 +137,8 @@ def _load_step(wp, i, QTYPE: tl.constexpr):
         sc = tl.load(sbp[:, None] + 96 + cols, mask=cols < 12, other=0)                    # [BN, 16] (12 bytes)
         d = tl.load((sbp + 108).to(tl.pointer_type(tl.int16)))                              # [BN]
         return d, qs, hm, sc
-    else:  # Q4_K (12) / Q5_K (13): half a super-block; its first 16 bytes as 4 words (16-byte aligned rows)
-        SB: tl.constexpr = 144 if QTYPE == 12 else 176
-        QS: tl.constexpr = 16 if QTYPE == 12 else 48
-        sbp = wp + (i // 2) * SB
-        words = tl.load(sbp[:, None].to(tl.pointer_type(tl.int32)) + tl.arange(0, 4)[None, :])  # [BN, 4]
-        c = (i % 2) * 2 + tl.arange(0, 2)[None, :, None]
-        qb = tl.load(sbp[:, None, None] + QS + 32 * c + tl.arange(0, 32)[None, None, :])    # [BN, 2, 32]
-        if QTYPE == 13:
-            qh = tl.load(sbp[:, None] + 16 + tl.arange(0, 32)[None, :])                     # [BN, 32]
-        else:
-            qh = qb
-        return words, qb, qh, qh
+    else:
+        tl.static_assert(False, "Q4_K/Q5_K are decoded by _q45_header / _q45_codes / _q45_weights")
 
 
 # Q4_K/Q5_K codes become exact numbers by bit operations alone (no int-to-float conversion: that runs at a quarter of
@@ -201,11 +194,11 @@ _CODE5_ASM_FP16 = tl.constexpr(_code_asm(True, True))
 
 
 @triton.jit
-def _nibbles(codes, qh, shift, BF16: tl.constexpr, Q5: tl.constexpr, INTERPRET: tl.constexpr):
+def _nibbles(codes, qh, shift, BF16: tl.constexpr, Q5: tl.constexpr):
     """Code bytes [..., 32] -> (low nibbles, high nibbles) as 2 + n * unit in bf16 (BF16) or fp16, exactly (unit
     1/8; Q5: 1/16 with the fifth bit from (qh >> shift) bit 0 (low) and bit 1 (high)).  The interpreter cannot run
     PTX: it builds the same bits with Triton's integer ops (the GPU tests hold the PTX to the same references)."""
-    if INTERPRET:
+    if _INTERPRET:
         TOP: tl.constexpr = 7 if BF16 else 10
         WIDTH: tl.constexpr = 5 if Q5 else 4
         c = codes.to(tl.int32)
@@ -235,18 +228,6 @@ def _nibbles(codes, qh, shift, BF16: tl.constexpr, Q5: tl.constexpr, INTERPRET: 
         else:
             return tl.inline_asm_elementwise(_CODE_ASM_FP16, "=r,=r,=r,=r,r", [codes],
                                              (tl.float16, tl.float16), is_pure=True, pack=4)
-
-
-@triton.jit
-def _word(words, j: tl.constexpr):
-    """Column j of a [BN, 4] int32 tile, as [BN] (a masked sum: the tile is in registers)."""
-    return tl.sum(tl.where(tl.arange(0, 4)[None, :] == j, words, 0), axis=1)
-
-
-@triton.jit
-def _bytes_of(word):
-    """The 4 bytes of each int32 of ``word`` ([BN]) as [BN, 4] int32, little-endian."""
-    return (word[:, None] >> (8 * tl.arange(0, 4))[None, :]) & 255
 
 
 @triton.jit
@@ -318,32 +299,7 @@ def _decode_step(raw, i, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
         scale = d.to(tl.float16, bitcast=True).to(tl.float32)[:, None] * sc.to(tl.int8, bitcast=True).to(tl.float32)
         w = scale[:, :, None] * ((q.to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True) - 8388640.0)  # q - 32
     else:
-        words, qb, qh, _ = raw
-        # 6-bit (scale, min) of the 4 groups g = 4 hf + j: the 12 bytes s[0..11] (words 1-3) pack groups 0-3 in the
-        # low 6 bits of s[0..3] (scales) and s[4..7] (mins); groups 4-7 in the nibbles of s[8..11] with their top
-        # 2 bits in the high bits of s[0..3] (scales) and s[4..7] (mins).
-        s03 = _bytes_of(_word(words, 1))
-        s47 = _bytes_of(_word(words, 2))
-        s811 = _bytes_of(_word(words, 3))
-        if i % 2 == 0:
-            sc = s03 & 63
-            mn = s47 & 63
-        else:
-            sc = (s811 & 15) | ((s03 >> 6) << 4)
-            mn = (s811 >> 4) | ((s47 >> 6) << 4)
-        w0 = _word(words, 0)
-        d = (w0 & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-        dmin = ((w0 >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-        lo = qb & 15                                                                         # groups 2c
-        hi = qb >> 4                                                                         # groups 2c + 1
-        if QTYPE == 13:
-            c = (i % 2) * 2 + tl.arange(0, 2)[None, :, None]
-            hb = qh[:, None, :]
-            lo = lo | (((hb >> (2 * c).to(tl.uint8)) & 1) << 4)
-            hi = hi | (((hb >> (2 * c + 1).to(tl.uint8)) & 1) << 4)
-        q = tl.reshape(tl.permute(tl.join(lo, hi), (0, 1, 3, 2)), (BLOCK_N, 4, 32))          # [BN, g, 32]
-        w = (d[:, None] * sc.to(tl.float32))[:, :, None] * q.to(tl.float32) \
-            - (dmin[:, None] * mn.to(tl.float32))[:, :, None]
+        tl.static_assert(False, "Q4_K/Q5_K are decoded by _q45_header / _q45_codes / _q45_weights")
     return tl.reshape(w, (BLOCK_N, 128))
 
 
@@ -394,48 +350,72 @@ def _pick(t, cc: tl.constexpr, h: tl.constexpr):
 
 
 @triton.jit
-def _q45_step(acc, xp, m_ok, wp, i, QTYPE: tl.constexpr, BF16: tl.constexpr, F32: tl.constexpr,
-              DOT_PRECISION: tl.constexpr, PROBE: tl.constexpr = 0):
-    """acc += x[:, 128 i : 128 i + 128] @ W[:, 128 i : 128 i + 128].T for Q4_K / Q5_K rows at ``wp`` ([BN]); xp:
-    [BM, 32] pointers to each row's first 32 activations.  One dot per group of 32 values (scale s, min m:
-    w = s n - m), on the codes as the exact numbers q = 2 + n u (:func:`_nibbles`): w = S q - C with S = s / u and
-    C = 2 S + m is one float32 FMA (exact product; C rounded once, 2**-24), then w is rounded once to the
-    activation dtype (2**-9 bf16, 2**-12 fp16) — the rounding vLLM's bf16 weights carry.
-
-    (Applying S and C to each group's dot result instead — exact codes in the dot, no weight rounded — compiled to
-    379 SASS instructions a step against 557 here, yet measured 9 % (Q4_K) to 38 % (Q5_K) slower at 32 tokens on
-    the H200: bench/RESULTS.md, 2026-12-02.)"""
+def _q45_header(wp, i, QTYPE: tl.constexpr, F32: tl.constexpr):
+    """Step i of Q4_K / Q5_K rows at ``wp`` ([BN]): (super-block pointers, half hf, S, C) with :func:`_q45_scales`'
+    [BN, 2, 2] scale tiles for the step's 4 groups."""
     SB: tl.constexpr = 144 if QTYPE == 12 else 176
-    QS: tl.constexpr = 16 if QTYPE == 12 else 48
     INV_UNIT: tl.constexpr = CODE_INV_UNIT_Q4 if QTYPE == 12 else CODE_INV_UNIT_Q5
     sbp = wp + (i // 2) * SB
     hp = sbp.to(tl.pointer_type(tl.int32))
     hf = i % 2
     s4, c4 = _q45_scales(tl.load(hp), tl.load(hp + 1), tl.load(hp + 2), tl.load(hp + 3), hf, INV_UNIT, F32)
+    return sbp, hf, s4, c4
+
+
+@triton.jit
+def _q45_codes(sbp, hf, cc: tl.constexpr, QTYPE: tl.constexpr, BF16: tl.constexpr, PROBE: tl.constexpr = 0):
+    """The codes of 32-byte chunk c = 2 hf + cc of the super-blocks at ``sbp`` as (groups 2c, 2c + 1), [BN, 32]
+    each, exact 16-bit numbers 2 + n u (:func:`_nibbles`)."""
+    QS: tl.constexpr = 16 if QTYPE == 12 else 48
+    c = hf * 2 + cc
+    codes = tl.load(sbp[:, None] + QS + 32 * c + tl.arange(0, 32)[None, :])
+    if QTYPE == 13:
+        qh = tl.load(sbp[:, None] + 16 + tl.arange(0, 32)[None, :])
+        lo, hi = _nibbles(codes, qh, 2 * c, BF16, True)
+    else:
+        lo, hi = _nibbles(codes, codes, 0, BF16, False)
+        if PROBE == 1:  # bench probe: decode twice (other bytes, so the second is not folded into the first)
+            lo2, hi2 = _nibbles(codes ^ 0x11, codes, 0, BF16, False)
+            lo = (lo.to(tl.float32) + lo2.to(tl.float32)).to(lo.dtype)
+            hi = (hi.to(tl.float32) + hi2.to(tl.float32)).to(hi.dtype)
+    return lo, hi
+
+
+@triton.jit
+def _q45_weights(q, big_s, big_c, F32: tl.constexpr):
+    """Float32 weights [BN, 32] of one group from its codes ``q`` and its S, C ([BN], picked from
+    :func:`_q45_scales`' tiles): w = S q - C, one FMA with an exact product (C rounded once, 2**-24); F32 (float32
+    activations, tests): (q - 2) S - m, exact to 2**-24."""
+    if F32:
+        return (q.to(tl.float32) - CODE_OFFSET) * big_s[:, None] - big_c[:, None]
+    else:
+        return q.to(tl.float32) * big_s[:, None] - big_c[:, None]
+
+
+@triton.jit
+def _q45_step(acc, xp, m_ok, wp, i, QTYPE: tl.constexpr, BF16: tl.constexpr, F32: tl.constexpr,
+              DOT_PRECISION: tl.constexpr, PROBE: tl.constexpr = 0):
+    """acc += x[:, 128 i : 128 i + 128] @ W[:, 128 i : 128 i + 128].T for Q4_K / Q5_K rows at ``wp`` ([BN]); xp:
+    [BM, 32] pointers to each row's first 32 activations.  One dot per group of 32 values (scale s, min m:
+    w = s n - m), on the codes as the exact numbers q = 2 + n u (:func:`_nibbles`): w = S q - C with S = s / u and
+    C = 2 S + m is one float32 FMA (:func:`_q45_weights`), then w is rounded once to the activation dtype (2**-9
+    bf16, 2**-12 fp16) — the rounding vLLM's bf16 weights carry.
+
+    (Applying S and C to each group's dot result instead — exact codes in the dot, no weight rounded — compiled to
+    379 SASS instructions a step against 557 here, yet measured 9 % (Q4_K) to 38 % (Q5_K) slower at 32 tokens on
+    the H200: bench/RESULTS.md, 2026-12-02.)"""
+    sbp, hf, s4, c4 = _q45_header(wp, i, QTYPE, F32)
     for cc in tl.static_range(2):
-        c = hf * 2 + cc  # 32-byte chunk of the super-block: groups 2c (low nibbles) and 2c + 1 (high)
-        codes = tl.load(sbp[:, None] + QS + 32 * c + tl.arange(0, 32)[None, :])
-        if QTYPE == 13:
-            qh = tl.load(sbp[:, None] + 16 + tl.arange(0, 32)[None, :])
-            lo, hi = _nibbles(codes, qh, 2 * c, BF16, True, _INTERPRET)
-        else:
-            lo, hi = _nibbles(codes, codes, 0, BF16, False, _INTERPRET)
-            if PROBE == 1:  # bench probe: decode twice (other bytes, so the second is not folded into the first)
-                lo2, hi2 = _nibbles(codes ^ 0x11, codes, 0, BF16, False, _INTERPRET)
-                lo = (lo.to(tl.float32) + lo2.to(tl.float32)).to(lo.dtype)
-                hi = (hi.to(tl.float32) + hi2.to(tl.float32)).to(hi.dtype)
+        lo, hi = _q45_codes(sbp, hf, cc, QTYPE, BF16, PROBE)
         for h in tl.static_range(2):
             if h == 0:
-                w = lo
+                q = lo
             else:
-                w = hi
+                q = hi
             big_s = _pick(s4, cc, h)
             big_c = _pick(c4, cc, h)
             a = tl.load(xp + 128 * i + 32 * (2 * cc + h), mask=m_ok[:, None], other=0.0)
-            if F32:  # fp32 activations (tests): the codes as exact float32 n u, an ieee dot
-                wf = (w.to(tl.float32) - CODE_OFFSET) * big_s[:, None] - big_c[:, None]
-            else:
-                wf = w.to(tl.float32) * big_s[:, None] - big_c[:, None]
+            wf = _q45_weights(q, big_s, big_c, F32)
             acc = tl.dot(a, tl.trans(wf.to(a.dtype)), acc, input_precision=DOT_PRECISION)
             if PROBE == 2:  # bench probe: every dot twice
                 acc = tl.dot(a, tl.trans(wf.to(a.dtype)), acc, input_precision=DOT_PRECISION)
@@ -487,9 +467,25 @@ def _dequant_kernel(w_ptr, out_ptr, N, stride_wn, stride_on, QTYPE: tl.constexpr
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     i = tl.program_id(1)
     rows = tl.minimum(offs_n, N - 1).to(tl.int64)
-    w = _weight_tile(w_ptr + rows * stride_wn, i, QTYPE, BLOCK_N)
-    op = out_ptr + rows[:, None] * stride_on + i * 128 + tl.arange(0, 128)[None, :]
-    tl.store(op, w.to(out_ptr.dtype.element_ty), mask=(offs_n < N)[:, None])
+    wp = w_ptr + rows * stride_wn
+    ok = (offs_n < N)[:, None]
+    if QTYPE == 12 or QTYPE == 13:  # the matmuls' own decode, one 32-value group at a time
+        F32: tl.constexpr = out_ptr.dtype.element_ty == tl.float32
+        sbp, hf, s4, c4 = _q45_header(wp, i, QTYPE, F32)
+        for cc in tl.static_range(2):
+            lo, hi = _q45_codes(sbp, hf, cc, QTYPE, out_ptr.dtype.element_ty == tl.bfloat16)
+            for h in tl.static_range(2):
+                if h == 0:
+                    q = lo
+                else:
+                    q = hi
+                w = _q45_weights(q, _pick(s4, cc, h), _pick(c4, cc, h), F32)
+                op = out_ptr + rows[:, None] * stride_on + i * 128 + 32 * (2 * cc + h) + tl.arange(0, 32)[None, :]
+                tl.store(op, w.to(out_ptr.dtype.element_ty), mask=ok)
+    else:
+        w = _weight_tile(wp, i, QTYPE, BLOCK_N)
+        op = out_ptr + rows[:, None] * stride_on + i * 128 + tl.arange(0, 128)[None, :]
+        tl.store(op, w.to(out_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit

@@ -116,3 +116,18 @@ def test_moe_align_groups_every_routed_row_once_in_blocks_of_its_expert():
         owner = expert_ids[: n // bm].long()[:, None].expand_as(rows)[real]
         assert torch.equal(owner, ids.reshape(-1).long()[rows[real]])
         assert sorted_ids.numel() >= n and expert_ids.numel() * bm >= n
+
+
+@pytest.mark.parametrize("name", list(TYPES))
+def test_dequantize_kernel_every_type(name):
+    """gguf_dequantize (the dense prefill path's first half) against the gguf package: float32 output rounds each
+    weight at most once in float32 (2**-24 relative to the row's largest), float16 once in float16 (2**-11)."""
+    qt = TYPES[name]
+    g = torch.Generator().manual_seed(qt + 101)
+    n, k = 24, 512
+    w = ref.random_blocks(qt, n, k, g)
+    w64 = ref.dequantize(w, qt, k)
+    scale = w64.abs().amax(dim=1, keepdim=True)
+    for dtype, u in ((torch.float32, 2.0 ** -24), (torch.float16, 2.0 ** -11)):
+        got = gm.gguf_dequantize(w, qt, k, dtype).double()
+        assert ((got - w64).abs() <= 2 * u * scale).all(), (name, dtype)
