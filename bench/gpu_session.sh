@@ -9,6 +9,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 steps=${*:-tests bench e2e}
 log() { echo "== $(date +%T) $*" | tee -a "$OUT/session.log"; }
+stop_servers() { pkill -INT -f "vllm serve" 2>/dev/null; sleep 3; pkill -KILL -f "vllm serve" 2>/dev/null; }
 BUNDLE=${BUNDLE:-$([[ -d .gpu/bundle_slim ]] && echo .gpu/bundle_slim || echo .gpu/bundle)}
 if [[ ! -f /tmp/vllm_site/env.sh ]]; then
   log "install $BUNDLE"; bash "$BUNDLE/install.sh" >> "$OUT/session.log" 2>&1 || { log "install failed"; exit 1; }
@@ -73,7 +74,7 @@ if [[ " $steps " == *" e2e "* ]]; then
   rm -rf /tmp/e2e_run
   timeout ${E2E_TIMEOUT:-540} python bench/e2e.py all --out /tmp/e2e_run ${E2E_ARGS:-} 2>&1 | grep -E "^\[e2e\]|Error|error" \
     | cut -c1-400 >> "$OUT/session.log"
-  pkill -INT -f "vllm serve" 2>/dev/null; sleep 3; pkill -KILL -f "vllm serve" 2>/dev/null
+  stop_servers
   cp /tmp/e2e_run/results.json /tmp/e2e_run/e2e.md "$OUT/" 2>/dev/null
   (cd /tmp/e2e_run && tar czf "$OUT/e2e_logs.tar.gz" *.log 2>/dev/null)
   log "e2e test"
@@ -87,7 +88,7 @@ if [[ " $steps " == *" mtp "* ]]; then
   rm -rf /tmp/mtp_run
   timeout ${MTP_TIMEOUT:-480} python bench/mtp.py run --out /tmp/mtp_run ${MTP_ARGS:-} > /tmp/mtp_stdout.log 2>&1
   tail -5 /tmp/mtp_stdout.log | cut -c1-400 >> "$OUT/session.log"
-  pkill -INT -f "vllm serve" 2>/dev/null; sleep 3; pkill -KILL -f "vllm serve" 2>/dev/null
+  stop_servers
   cp /tmp/mtp_run/mtp.json /tmp/mtp_run/mtp.md "$OUT/" 2>/dev/null
   (cd /tmp/mtp_run && tar czf "$OUT/mtp_logs.tar.gz" *.log /tmp/mtp_stdout.log 2>/dev/null)
 fi
@@ -98,7 +99,7 @@ if [[ " $steps " == *" agentic "* ]]; then
   rm -rf /tmp/agentic_run
   timeout ${AGENTIC_TIMEOUT:-420} python bench/agentic.py run --out /tmp/agentic_run ${AGENTIC_ARGS:-} 2>&1 \
     | grep -E "^\[agentic\]|Error|error" | cut -c1-400 >> "$OUT/session.log"
-  pkill -INT -f "vllm serve" 2>/dev/null; sleep 3; pkill -KILL -f "vllm serve" 2>/dev/null
+  stop_servers
   cp /tmp/agentic_run/agentic.json /tmp/agentic_run/agentic.md "$OUT/" 2>/dev/null
   cp /tmp/agentic_run/server_agentic.log "$OUT/agentic_server.log" 2>/dev/null
   log "agentic test"
