@@ -54,6 +54,12 @@ def gguf_kernels_choice() -> str:
     return _choice("GLM5_SHIM_GGUF_KERNELS", ("shim", "vllm"), "shim")
 
 
+def gguf_decode_choice() -> str:
+    """GLM5_SHIM_GGUF_DECODE: tile (the tested decode kernels) | mma (the register-MMA decode kernels of
+    kernels/gguf_mma.py for the types they cover: written and CPU-tested, not yet run on a GPU)."""
+    return _choice("GLM5_SHIM_GGUF_DECODE", ("tile", "mma"), "tile")
+
+
 ENV_SWITCHES = {
     "GLM5_SHIM": "0 disables the shim entirely (vLLM is stock)",
     "GLM5_SHIM_FORCE": "1 patches a vLLM other than 0.23.x",
@@ -61,6 +67,8 @@ ENV_SWITCHES = {
     "GLM5_SHIM_ATTENTION": "auto | triton: force the shim's sparse-MLA backend on any GPU",
     "GLM5_SHIM_INDEXER": "auto | triton: force the shim's Triton indexer on any GPU",
     "GLM5_SHIM_GGUF_KERNELS": "shim | vllm: GGUF matmuls on the shim's kernels (default) or vLLM's ggml kernels",
+    "GLM5_SHIM_GGUF_DECODE": "tile | mma: decode-sized GGUF matmuls on the tile kernels (default) or the register-MMA "
+                             "kernels (Q4_K; not yet GPU-tested)",
     "GLM5_SHIM_CACHE": "where tokenizers rebuilt from GGUFs are kept (default ~/.cache/glm5_shim)",
 }
 

@@ -41,7 +41,9 @@ import torch
 import triton
 import triton.language as tl
 
+from glm5_shim import settings
 from glm5_shim.gguf.kernel_coverage import K_MULTIPLE, KERNEL_TYPES_AWAITING_GPU, SHIM_KERNEL_TYPES
+from glm5_shim.kernels import gguf_mma
 from glm5_shim.kernels.device import cuda_capability_and_sms
 
 Q8_0 = int(gguf.GGMLQuantizationType.Q8_0)
@@ -660,6 +662,8 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int, n: int | Non
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
+    if plan is None and _mma_decode(qtype, k, x.dtype) and m <= gguf_mma.TOKENS:
+        return gguf_mma.linear(x, qweight, n, _num_sms(x.device))
     plan = plan or linear_plan(m, n, k, _num_sms(x.device))
     if plan["dequant"]:
         rows = max(32, DEQUANT_CHUNK_BYTES // (k * x.element_size()) // 32 * 32)
@@ -682,6 +686,13 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int, n: int | Non
     if split > 1:
         out.copy_(dst.sum(0))
     return out
+
+
+def _mma_decode(qtype: int, k: int, dtype: torch.dtype, mma: bool | None = None) -> bool:
+    """Whether a decode-sized product of this weight runs on the register-MMA kernels (kernels/gguf_mma.py):
+    GLM5_SHIM_GGUF_DECODE=mma (or ``mma``) and a type and dtype they cover."""
+    wanted = settings.gguf_decode_choice() == "mma" if mma is None else mma
+    return wanted and gguf_mma.covers(qtype, k, dtype)
 
 
 def moe_align(topk_ids: torch.Tensor, block_m: int, num_experts: int):
@@ -745,6 +756,12 @@ def gguf_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights:
         return out
     num_sms = _num_sms(x.device)
     plan = plan or moe_plan(t, top_k, e)
+    if not plan["fused_gate"]:
+        mma13 = _mma_decode(qtype13, h, x.dtype, plan.get("mma"))
+        mma2 = _mma_decode(qtype2, inter, x.dtype, plan.get("mma"))
+        if mma13 or mma2:
+            return _moe_decode_mma(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, mma13, mma2, plan,
+                                   align or moe_align, num_sms)
     bm = plan["BLOCK_M"]
     sorted_ids, expert_ids, num_padded = (align or moe_align)(topk_ids, bm, e)
     x = x if x.stride(-1) == 1 else x.contiguous()
@@ -782,6 +799,56 @@ def gguf_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights:
         inter // STEP_K, pairs, 1, act.stride(0), w2.stride(0), w2.stride(1), 0, down.stride(0), BLOCK_N=bn,
         GATED=False, ROUTE_WEIGHTED=True, **common)
     return torch.sum(down.view(t, top_k, h), dim=1, out=out)
+
+
+def _moe_decode_mma(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, mma13: bool, mma2: bool, plan: dict,
+                    align, num_sms: int) -> torch.Tensor:
+    """The decode MoE with one or both passes on the register-MMA kernels (routing in blocks of 8 rows for them,
+    of plan["BLOCK_M"] for a pass left on the tile kernel): w13 split over K into float32 planes, SiLU(gate) * up
+    of their sum, w2 scaled by the routing weights, the top-k sum."""
+    t, h = x.shape
+    e, two_i, _ = w13.shape
+    inter = two_i // 2
+    top_k = topk_ids.shape[1]
+    pairs = t * top_k
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    route8 = align(topk_ids, gguf_mma.TOKENS, e)
+    route_tile = align(topk_ids, plan["BLOCK_M"], e) if not (mma13 and mma2) else None
+    busy_blocks = min(pairs, e)
+    if mma13:
+        split, per = gguf_mma.splits(busy_blocks * -(-two_i // gguf_mma.block_rows()), h // 256, num_sms)
+        part = torch.empty(split, pairs, two_i, dtype=torch.float32, device=x.device)
+        gguf_mma.launch(x, w13, part, n=two_i, num_valid=pairs, num_blocks=route8[1].numel(), split=split,
+                        sb_per_split=per, a_row_div=top_k, route=(*route8, None))
+    else:
+        sorted_ids, expert_ids, num_padded = route_tile
+        bn = plan["BLOCK_N"]
+        steps = h // STEP_K
+        split, per_split = _split(busy_blocks * triton.cdiv(two_i, bn), steps, num_sms, plan["ctas_per_sm"])
+        part = torch.empty(split, pairs, two_i, dtype=torch.float32, device=x.device)
+        _moe_kernel[(expert_ids.numel() * triton.cdiv(two_i, bn), split)](
+            x, w13, part, topk_weights, sorted_ids, expert_ids, num_padded, two_i, steps, per_split, pairs, top_k,
+            x.stride(0), w13.stride(0), w13.stride(1), part.stride(0), part.stride(1), QTYPE=qtype13,
+            BLOCK_M=plan["BLOCK_M"], BLOCK_N=bn, GATED=False, ROUTE_WEIGHTED=False,
+            DOT_PRECISION=_dot_precision(x.dtype), num_warps=plan["num_warps"], num_stages=plan["num_stages"])
+    act = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
+    _silu_mul_splits_kernel[(pairs, triton.cdiv(inter, SILU_BLOCK))](
+        part, act, part.shape[0], inter, part.stride(0), part.stride(1), act.stride(0), BLOCK=SILU_BLOCK,
+        num_warps=4)
+    down = torch.empty(pairs, h, dtype=x.dtype, device=x.device)  # rounded once before the top-k sum
+    route_w = topk_weights.reshape(-1)
+    if mma2:
+        gguf_mma.launch(act, w2, down, n=h, num_valid=pairs, num_blocks=route8[1].numel(), split=1,
+                        sb_per_split=inter // 256, route=(*route8, route_w))
+    else:
+        sorted_ids, expert_ids, num_padded = route_tile
+        bn = plan["BLOCK_N_W2"]
+        _moe_kernel[(expert_ids.numel() * triton.cdiv(h, bn), 1)](
+            act, w2, down, route_w, sorted_ids, expert_ids, num_padded, h, inter // STEP_K, inter // STEP_K, pairs,
+            1, act.stride(0), w2.stride(0), w2.stride(1), 0, down.stride(0), QTYPE=qtype2, BLOCK_M=plan["BLOCK_M"],
+            BLOCK_N=bn, GATED=False, ROUTE_WEIGHTED=True, DOT_PRECISION=_dot_precision(x.dtype),
+            num_warps=plan["num_warps"], num_stages=plan["num_stages"])
+    return torch.sum(down.view(t, top_k, h), dim=1, out=torch.empty_like(x))
 
 
 # ----------------------------------------------------------------------------------------------------------------
