@@ -31,6 +31,7 @@ import triton.testing  # noqa: E402
 
 from glm5_shim.kernels import gguf_matmul as gm  # noqa: E402
 from glm5_shim.kernels import gguf_matmul_reference as ref  # noqa: E402
+from glm5_shim.kernels import gguf_mma  # noqa: E402
 
 TYPES = {"Q4_K": gm.Q4_K, "Q6_K": gm.Q6_K, "Q5_K": gm.Q5_K, "Q8_0": gm.Q8_0, "Q2_K": gm.Q2_K, "Q3_K": gm.Q3_K,
          "IQ4_XS": gm.IQ4_XS, "IQ4_NL": gm.IQ4_NL}
@@ -186,6 +187,14 @@ def bench_moe(tp: int, type_names, tokens, bw, peak, gen, vg, bf16_moe, rows):
                 row["vllm_bf16_us"] = graph_us([lambda i=i, w=w: bf16_moe(x, w13_bf, w2_bf, w, i)
                                                 for i, w in zip(ids, wts)])
             row["shim_pct_floor"] = 100 * floor / row["shim_us"]
+            plan = gm.moe_plan(t, TOP_K, EXPERTS)
+            if gguf_mma.covers(qt, HIDDEN, x.dtype) and not plan["fused_gate"]:  # the register-MMA decode arm
+                mplan = {**plan, "mma": True}
+                mine = gm.gguf_moe(x, w13, w2, wts[0], ids[0], qt, qt, align=ALIGN, plan=mplan)
+                row["mma_rel_err_vs_tile"] = ((mine.float() - ours.float()).norm() / ours.float().norm()).item()
+                row["mma_us"] = graph_us([lambda i=i, w=w: gm.gguf_moe(x, w13, w2, w, i, qt, qt, align=ALIGN,
+                                                                        plan=mplan) for i, w in zip(ids, wts)])
+                row["mma_pct_floor"] = 100 * floor / row["mma_us"]
             print(json.dumps(row), flush=True)
             rows.append(row)
         w13 = w2 = w13_bf = w2_bf = None
@@ -217,6 +226,12 @@ def bench_dense(type_names, tokens, bw, peak, gen, vg, rows):
                         row["vllm_gguf_error"] = f"{type(e).__name__}: {str(e)[:200]}"
                     row["vllm_bf16_us"] = graph_us([lambda w=w: x @ w.T for w in wbf] * 2)
                 row["shim_pct_floor"] = 100 * row["floor_us"] / row["shim_us"]
+                if gguf_mma.covers(qt, k, x.dtype) and t <= gguf_mma.TOKENS:  # the register-MMA decode arm
+                    sms = torch.cuda.get_device_properties(0).multi_processor_count
+                    mine = gguf_mma.linear(x, ws[0], n, sms)
+                    row["mma_rel_err_vs_tile"] = ((mine.float() - ours.float()).norm() / ours.float().norm()).item()
+                    row["mma_us"] = graph_us([lambda w=w: gguf_mma.linear(x, w, n, sms) for w in ws] * 2)
+                    row["mma_pct_floor"] = 100 * row["floor_us"] / row["mma_us"]
                 print(json.dumps(row), flush=True)
                 rows.append(row)
             ws = wbf = None
@@ -423,6 +438,17 @@ def markdown(rows, bw, device) -> str:
                 "| impl | TP | type | rc | result |",
                 "|---|---|---|---|---|"]
         out += [f"| {r['impl']} | {r['tp']} | {r['type']} | {r['rc']} | {r['result']} |" for r in cr]
+    mm = [r for r in rows if "mma_us" in r]
+    if mm:
+        out += ["## Register-MMA decode kernels (kernels/gguf_mma.py) next to the tile kernels", "",
+                "| call | type | T | tile µs | mma µs | floor µs | tile % floor | mma % floor | mma vs tile rel |",
+                "|---|---|---|---|---|---|---|---|---|"]
+        for r in mm:
+            what = f"MoE TP {r['tp']}" if r["kind"] == "moe" else f"{r['layer']} [{r['N']}, {r['K']}]"
+            out.append(f"| {what} | {r['type']} | {r['T']} | {fmt(r['shim_us'], 1)} | {fmt(r['mma_us'], 1)} | "
+                       f"{fmt(r['floor_us'], 1)} | {fmt(r['shim_pct_floor'])} | {fmt(r['mma_pct_floor'])} | "
+                       f"{fmt(r['mma_rel_err_vs_tile'], 4)} |")
+        out.append("")
     return "\n".join(out) + "\n"
 
 

@@ -82,3 +82,36 @@ def moe_reference(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2) -> torch.
             act = torch.nn.functional.silu(gu[:inter]) * gu[inter:]
             out[tok] += wts[tok, j] * (down @ act)
     return out
+
+
+def q4k_parts(qweight: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A Q4_K weight [rows, row bytes] as (s, m, n): group scales s = d sc and mins m = dmin mn ([rows, k / 32],
+    float64) and codes n ([rows, k], int), so that w = s n - m per group of 32 (held to the ``gguf`` package by the
+    tests).  For error bounds that depend on the parts of w, not on w alone."""
+    raw = qweight[:, : k // 256 * 144].cpu().numpy().reshape(qweight.shape[0], k // 256, 144).astype(np.int64)
+    d = raw[..., 0:2].astype(np.uint8).copy().view(np.float16)[..., 0].astype(np.float64)
+    dmin = raw[..., 2:4].astype(np.uint8).copy().view(np.float16)[..., 0].astype(np.float64)
+    sb = raw[..., 4:16]
+    sc = np.empty(raw.shape[:2] + (8,), dtype=np.int64)
+    mn = np.empty_like(sc)
+    sc[..., :4], mn[..., :4] = sb[..., 0:4] & 63, sb[..., 4:8] & 63
+    sc[..., 4:] = (sb[..., 8:12] & 15) | ((sb[..., 0:4] >> 6) << 4)
+    mn[..., 4:] = (sb[..., 8:12] >> 4) | ((sb[..., 4:8] >> 6) << 4)
+    qs = raw[..., 16:].reshape(*raw.shape[:2], 4, 32)                        # 32-byte chunk c: groups 2c, 2c + 1
+    n = np.stack([qs & 15, qs >> 4], axis=3).reshape(raw.shape[0], k)        # group 2c + nibble, value l
+    s = (d[..., None] * sc).reshape(raw.shape[0], -1)
+    m = (dmin[..., None] * mn).reshape(raw.shape[0], -1)
+    return torch.from_numpy(s), torch.from_numpy(m), torch.from_numpy(n)
+
+
+def mma_q4k_error_bound(x: torch.Tensor, qweight: torch.Tensor, k: int, unit: float) -> torch.Tensor:
+    """Bound on |register-MMA Q4_K linear - exact| per output [M, N] (kernels/gguf_mma.py's docstring): each
+    weight is off by at most u (|S q| + |C| + |w|) with S = 8 s, q = 2 + n/8, C = 2 S + m; float32 sums add
+    K 2**-24 sum |x w|; the output's own rounding u |out| is the caller's (its dtype)."""
+    s, m, n = q4k_parts(qweight, k)
+    s_k, m_k = s.repeat_interleave(32, 1), m.repeat_interleave(32, 1)
+    sq = (8 * s_k * (2 + n / 8)).abs()
+    c = (16 * s_k + m_k).abs()
+    w = (s_k * n - m_k).abs()
+    ax = x.double().abs().cpu()
+    return ax @ (unit * (sq + c + w) + k * 2.0 ** -24 * w).T

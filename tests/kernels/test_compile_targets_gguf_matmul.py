@@ -1,5 +1,7 @@
 """Every GGUF matmul kernel variant the plans launch compiles offline (no GPU) for the shim's targets within the
-101376-byte shared-memory budget of sm_120/121 (also below sm_80/86/89's limits), and uses tensor-core MMAs.
+101376-byte shared-memory budget of sm_120/121 (also below sm_80/86/89's limits), and uses tensor-core MMAs; the
+register-MMA (Gluon) kernels use no shared memory and spill nothing, and their layout conversions are trivial
+(``assert_trivial``: a conversion that moved data would not compile).
 
 Compilation runs in a subprocess without TRITON_INTERPRET (this process interprets kernels)."""
 import json
@@ -14,24 +16,35 @@ TARGETS = [120, 121, 89, 86, 80, 90]  # the shim's targets, plus sm_90: the H200
 
 _SCRIPT = textwrap.dedent(
     r"""
-    import json, sys
+    import json, os, re, subprocess, sys, tempfile
     import triton
     from triton.backends.compiler import GPUTarget
-    from glm5_shim.kernels import gguf_matmul as gm
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from glm5_shim.kernels import gguf_matmul as gm, gguf_mma
 
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     cc = int(sys.argv[1])
-    for cfg in gm.kernel_configs():
+    for cfg in gm.kernel_configs() + gguf_mma.kernel_configs():
         kernel = cfg["kernel"]
         names = kernel.arg_names
         sig = dict(cfg["signature"], **{k: "constexpr" for k in cfg["constexprs"]})
         attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in cfg["divisible_by_16"]}
-        src = triton.compiler.ASTSource(kernel, sig, constexprs=cfg["constexprs"], attrs=attrs)
-        rec = {"name": cfg["name"], "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
+        source = GluonASTSource if cfg.get("gluon") else triton.compiler.ASTSource
+        src = source(kernel, sig, constexprs=cfg["constexprs"], attrs=attrs)
+        rec = {"name": cfg["name"], "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"],
+               "gluon": bool(cfg.get("gluon"))}
         try:
             k = triton.compile(src, target=GPUTarget("cuda", cc, 32),
                                options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
             ptx = k.asm["ptx"]
             rec.update(ok=True, shared=int(k.metadata.shared), mma=("mma" in ptx))
+            if cfg.get("gluon"):  # registers and spills, from the cubin
+                with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+                    f.write(k.asm["cubin"])
+                    f.flush()
+                    usage = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True).stdout
+                rec.update(regs=int(re.search(r"REG:(\d+)", usage).group(1)),
+                           local=int(re.search(r"LOCAL:(\d+)", usage).group(1)))
         except Exception as e:  # report, do not stop: the test lists every failure
             rec.update(ok=False, error=f"{type(e).__name__}: {str(e)[:400]}")
         print("RESULT " + json.dumps(rec), flush=True)
@@ -48,4 +61,7 @@ def test_gguf_matmul_configs_compile(cc, repo_root):
     assert not too_big, json.dumps(too_big, indent=1)
     no_mma = [r["name"] for r in recs if not r["mma"] and not r["name"].startswith(("dequant", "silu_mul"))]
     assert not no_mma, no_mma
+    # the register-MMA kernels exist to keep decoded weights out of shared memory, and must not spill
+    gluon = [r for r in recs if r["gluon"]]
+    assert gluon and all(r["shared"] == 0 and r["local"] == 0 for r in gluon), json.dumps(gluon, indent=1)
     print(f"\nsm_{cc}: " + ", ".join(f"{r['name']}={r['shared']}" for r in recs))

@@ -1,0 +1,101 @@
+"""The register-MMA decode kernels (kernels/gguf_mma.py, Gluon) compiled on a real GPU, against float64 on the
+``gguf`` package's dequantization.
+
+Bound (elementwise, derived in kernels/gguf_mma.py): each weight is off by at most u (|S q| + |C| + |w|) with u the
+activation dtype's unit roundoff (bf16 2**-8, fp16 2**-11), the float32 sums by K 2**-24 sum |x w|, the output by
+its own rounding u |out| (gguf_matmul_reference.mma_q4k_error_bound).  The MoE rounds SiLU(gate)*up and the top-k
+terms once more: relative Frobenius error within 4 * 2u there, the tile kernels' bound doubled for the rounded S
+and C.  A wrong permutation, scale or routing is off by O(1).
+"""
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+COMPILED_KERNELS = ("_q4k_mma_kernel",)
+U = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
+
+
+def _mods():
+    from glm5_shim.kernels import gguf_matmul as gm
+    from glm5_shim.kernels import gguf_matmul_reference as ref
+    from glm5_shim.kernels import gguf_mma as mma
+    return gm, ref, mma
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_linear_within_bound(dtype):
+    gm, ref, mma = _mods()
+    g = torch.Generator().manual_seed(1 + (dtype == torch.float16))
+    for n, k, quantized in ((333, 1024, False), (2624, 6144, True), (19360, 6144, False)):
+        w = (ref.quantized_blocks(mma.Q4_K, torch.randn(n, k, generator=g) * 0.02) if quantized
+             else ref.random_blocks(mma.Q4_K, n, k, g))
+        wd, w64 = w.cuda(), ref.dequantize(w, mma.Q4_K, k)
+        for m in (1, 2, 3, 7, 8):
+            x = torch.randn(m, k, generator=g).to(dtype)
+            got = mma.linear(x.cuda(), wd, n, torch.cuda.get_device_properties(0).multi_processor_count)
+            want = x.double() @ w64.T
+            bound = ref.mma_q4k_error_bound(x, w, k, U[dtype]) + U[dtype] * want.abs()
+            excess = ((got.double().cpu() - want).abs() - bound).max().item()
+            assert excess <= 0, (dtype, n, k, m, excess)
+
+
+@pytest.mark.parametrize("types", [("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q6_K", "Q4_K")])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_moe_decode(types, dtype):
+    gm, ref, mma = _mods()
+    q13, q2 = getattr(gm, types[0]), getattr(gm, types[1])
+    g = torch.Generator().manual_seed(q13 * 31 + q2)
+    e, h, inter, top_k = 32, 1024, 256, 8
+    w13 = torch.stack([ref.random_blocks(q13, 2 * inter, h, g) for _ in range(e)])
+    w2 = torch.stack([ref.random_blocks(q2, h, inter, g) for _ in range(e)])
+    d13, d2 = w13.cuda(), w2.cuda()
+    for t, hot in ((1, None), (5, None), (16, None), (20, 3)):   # 20 hot: 20 rows an expert, 3 blocks of 8
+        x = torch.randn(t, h, generator=g).to(dtype)
+        if hot is None:
+            ids = torch.stack([torch.randperm(e, generator=g)[:top_k] for _ in range(t)])
+        else:
+            ids = torch.arange(hot, hot + top_k).repeat(t, 1) % e
+        ids = ids.to(torch.int32)
+        wts = torch.rand(t, top_k, generator=g)
+        wts = wts / wts.sum(1, keepdim=True)
+        plan = {**gm.moe_plan(t, top_k, e), "mma": True, "fused_gate": False}
+        got = gm.gguf_moe(x.cuda(), d13, d2, wts.cuda(), ids.cuda(), q13, q2, plan=plan)
+        want = ref.moe_reference(x, w13, w2, wts, ids, q13, q2)
+        err = ((got.double().cpu() - want).norm() / want.norm()).item()
+        assert err <= 8 * U[dtype], (types, dtype, t, hot, err)
+
+
+def test_cuda_graph_capture_and_replay(monkeypatch):
+    gm, ref, mma = _mods()
+    monkeypatch.setenv("GLM5_SHIM_GGUF_DECODE", "mma")
+    g = torch.Generator().manual_seed(7)
+    e, h, inter, top_k, t = 16, 512, 256, 4, 6
+    w13 = torch.stack([ref.random_blocks(gm.Q4_K, 2 * inter, h, g) for _ in range(e)])
+    w2 = torch.stack([ref.random_blocks(gm.Q4_K, h, inter, g) for _ in range(e)])
+    wl = ref.random_blocks(gm.Q4_K, 200, h, g)
+    d13, d2, dl = w13.cuda(), w2.cuda(), wl.cuda()
+    xs = torch.zeros(t, h, dtype=torch.bfloat16, device="cuda")
+    idss = torch.zeros(t, top_k, dtype=torch.int32, device="cuda")
+    wts = torch.full((t, top_k), 1.0 / top_k, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        gm.gguf_moe(xs, d13, d2, wts, idss, gm.Q4_K, gm.Q4_K)
+        gm.gguf_linear(xs, dl, gm.Q4_K)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_moe = gm.gguf_moe(xs, d13, d2, wts, idss, gm.Q4_K, gm.Q4_K)
+        out_lin = gm.gguf_linear(xs, dl, gm.Q4_K)
+    for seed in (1, 2):
+        g2 = torch.Generator().manual_seed(100 + seed)
+        x2 = torch.randn(t, h, generator=g2).bfloat16()
+        ids2 = torch.stack([torch.randperm(e, generator=g2)[:top_k] for _ in range(t)]).to(torch.int32)
+        xs.copy_(x2)
+        idss.copy_(ids2)
+        graph.replay()
+        torch.cuda.synchronize()
+        want = ref.moe_reference(x2, w13, w2, wts.cpu(), ids2, gm.Q4_K, gm.Q4_K)
+        assert ((out_moe.double().cpu() - want).norm() / want.norm()).item() <= 8 * U[torch.bfloat16]
+        want_l = x2.double() @ ref.dequantize(wl, gm.Q4_K, h).T
+        assert ((out_lin.double().cpu() - want_l).norm() / want_l.norm()).item() <= 4 * U[torch.bfloat16]

@@ -1,0 +1,111 @@
+"""The register-MMA decode kernels (kernels/gguf_mma.py) under the Triton interpreter, against float64 on the
+``gguf`` package's dequantization.
+
+The interpreter runs the Gluon source through kernels/gluon_compat (layouts ignored: they never change a result)
+with the PTX replaced by the same arithmetic, so these tests check the permuted K order, the scale decode, the
+splits and the routing; the layouts are checked by the offline compiles (test_compile_targets_gguf_matmul) and the
+numbers again on the GPU (tests/gpu/test_gguf_mma_gpu.py).  fp16 only (the interpreter's bf16 dot is wrong).
+
+Bound, elementwise: each weight is off by at most u (|S q| + |C| + |w|) (u = 2**-11, fp16's unit roundoff; S, C
+rounded, then w), the float32 sums by K 2**-24 sum |x w|, the fp16 output by u |out|
+(gguf_matmul_reference.mma_q4k_error_bound).  A wrong permutation or scale is off by O(|out|), far outside it.
+"""
+import pytest
+import torch
+
+from glm5_shim.kernels import gguf_matmul as gm
+from glm5_shim.kernels import gguf_matmul_reference as ref
+from glm5_shim.kernels import gguf_mma as mma
+
+U16 = 2.0 ** -11
+
+
+def _within_bound(got, x, w, k):
+    want = x.double() @ ref.dequantize(w, mma.Q4_K, k).T
+    bound = ref.mma_q4k_error_bound(x, w, k, U16) + U16 * want.abs()
+    excess = ((got.double() - want).abs() - bound).max().item()
+    return excess <= 0, excess, ((got.double() - want).norm() / want.norm()).item()
+
+
+def test_q4k_parts_are_the_gguf_dequantization():
+    g = torch.Generator().manual_seed(11)
+    w = ref.random_blocks(mma.Q4_K, 6, 512, g)
+    s, m, n = ref.q4k_parts(w, 512)
+    rebuilt = s.repeat_interleave(32, 1) * n - m.repeat_interleave(32, 1)
+    assert torch.equal(rebuilt, ref.dequantize(w, mma.Q4_K, 512))
+
+
+def test_permuted_k_orders_pair_every_code_with_its_activation():
+    """k -> (code byte p, nibble) through A_ORDER and k -> activation v through X_ORDER meet at
+    v = 64 p5 + 32 nibble + (p & 31): byte p's nibble holds value 32 * group + (p & 31)."""
+    import numpy as np
+    p = np.arange(64).reshape(2, 2, 2, 2, 2, 2)                    # (p5 .. p0)
+    p_of_k = np.transpose(p, [i - 1 for i in mma.A_ORDER.value[1:]]).reshape(64)
+    v = np.arange(128).reshape(2, 2, 2, 2, 2, 2, 2)                # (v6 .. v0)
+    order = [i - 1 for i in mma.X_ORDER.value if i not in (0,)]    # without the token dimension
+    v_of_k = np.transpose(v, order).reshape(64, 2)                 # [k, nibble]
+    for nib in range(2):
+        assert (v_of_k[:, nib] == 64 * (p_of_k >> 5) + 32 * nib + (p_of_k & 31)).all()
+    assert sorted(p_of_k) == list(range(64))
+
+
+@pytest.mark.parametrize("blocks", ["random", "quantizer"])
+def test_linear_within_bound(blocks):
+    g = torch.Generator().manual_seed(3 + (blocks == "random"))
+    n, k = 200, 1024                      # 200: two row tiles, the second partly outside the weight
+    w = (ref.random_blocks(mma.Q4_K, n, k, g) if blocks == "random"
+         else ref.quantized_blocks(mma.Q4_K, torch.randn(n, k, generator=g) * 0.02))
+    for m, num_sms in ((1, 4), (5, 1), (8, 16)):   # 1 SM: no split; 16: a split a super-block
+        x = torch.randn(m, k, generator=g).half()
+        ok, excess, rel = _within_bound(mma.linear(x, w, n, num_sms), x, w, k)
+        assert ok, (blocks, m, num_sms, excess)
+        assert rel <= 3e-3, (blocks, m, num_sms, rel)
+
+
+def test_linear_dispatch_follows_the_switch(monkeypatch):
+    g = torch.Generator().manual_seed(5)
+    w = ref.random_blocks(mma.Q4_K, 64, 512, g)
+    x = torch.randn(3, 512, generator=g).half()
+    calls = []
+    real = mma.launch
+    monkeypatch.setattr(mma, "launch", lambda *a, **kw: (calls.append(kw["n"]), real(*a, **kw))[1])
+    monkeypatch.setenv("GLM5_SHIM_GGUF_DECODE", "tile")
+    tile = gm.gguf_linear(x, w, mma.Q4_K)
+    assert not calls
+    monkeypatch.setenv("GLM5_SHIM_GGUF_DECODE", "mma")
+    got = gm.gguf_linear(x, w, mma.Q4_K)
+    assert calls == [64]
+    assert ((got.double() - tile.double()).norm() / tile.double().norm()).item() <= 3e-3
+    gm.gguf_linear(torch.randn(9, 512, generator=g).half(), w, mma.Q4_K)     # 9 rows: the tile kernel
+    gm.gguf_linear(x.float(), w, mma.Q4_K)                                   # float32: the tile kernel
+    assert calls == [64]
+
+
+@pytest.mark.parametrize("types", [("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q8_0", "Q4_K")])
+def test_moe_decode(types):
+    """Both passes on the register-MMA kernels, or one of them (the other on the tile kernel with its own
+    routing layout); one expert hot or routings spread; float64 reference."""
+    q13, q2 = getattr(gm, types[0]), getattr(gm, types[1])
+    g = torch.Generator().manual_seed(q13 * 7 + q2)
+    e, h, inter, top_k = 8, 512, 256, 3
+    w13 = torch.stack([ref.random_blocks(q13, 2 * inter, h, g) for _ in range(e)])
+    w2 = torch.stack([ref.random_blocks(q2, h, inter, g) for _ in range(e)])
+    for t, hot in ((1, None), (6, None), (11, 2)):
+        x = (torch.randn(t, h, generator=g) * 0.5).half()
+        if hot is None:
+            ids = torch.stack([torch.randperm(e, generator=g)[:top_k] for _ in range(t)])
+        else:   # every token on the same experts: 11 rows of expert 2..4, two blocks of 8 each
+            ids = torch.arange(hot, hot + top_k).repeat(t, 1) % e
+        ids = ids.to(torch.int32)
+        wts = torch.rand(t, top_k, generator=g)
+        want = ref.moe_reference(x, w13, w2, wts, ids, q13, q2)
+        got = gm.gguf_moe(x, w13, w2, wts, ids, q13, q2, plan={**gm.moe_plan(t, top_k, e), "mma": True})
+        rel = ((got.double() - want).norm() / want.norm()).item()
+        assert rel <= 4e-3, (types, t, hot, rel)
+
+
+def test_covers_only_q4k_in_16_bit_activations():
+    assert mma.covers(mma.Q4_K, 6144, torch.bfloat16) and mma.covers(mma.Q4_K, 256, torch.float16)
+    assert not mma.covers(mma.Q4_K, 6144, torch.float32)
+    assert not mma.covers(gm.Q6_K, 6144, torch.bfloat16)
+    assert not mma.covers(mma.Q4_K, 384, torch.bfloat16)
