@@ -228,9 +228,9 @@ def bench_dense(type_names, tokens, bw, peak, gen, vg, rows):
                 row["shim_pct_floor"] = 100 * row["floor_us"] / row["shim_us"]
                 if gguf_mma.covers(qt, k, x.dtype) and t <= gguf_mma.TOKENS:  # the register-MMA decode arm
                     sms = torch.cuda.get_device_properties(0).multi_processor_count
-                    mine = gguf_mma.linear(x, ws[0], n, sms)
+                    mine = gguf_mma.linear(x, ws[0], qt, n, sms)
                     row["mma_rel_err_vs_tile"] = ((mine.float() - ours.float()).norm() / ours.float().norm()).item()
-                    row["mma_us"] = graph_us([lambda w=w: gguf_mma.linear(x, w, n, sms) for w in ws] * 2)
+                    row["mma_us"] = graph_us([lambda w=w: gguf_mma.linear(x, w, qt, n, sms) for w in ws] * 2)
                     row["mma_pct_floor"] = 100 * row["floor_us"] / row["mma_us"]
                 print(json.dumps(row), flush=True)
                 rows.append(row)

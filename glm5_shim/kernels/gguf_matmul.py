@@ -662,8 +662,8 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int, n: int | Non
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    if plan is None and _mma_decode(qtype, k, x.dtype) and m <= gguf_mma.TOKENS:
-        return gguf_mma.linear(x, qweight, n, _num_sms(x.device))
+    if plan is None and m <= gguf_mma.TOKENS and mma_decode(qtype, k, x.dtype, weight=qweight):
+        return gguf_mma.linear(x, qweight, qtype, n, _num_sms(x.device))
     plan = plan or linear_plan(m, n, k, _num_sms(x.device))
     if plan["dequant"]:
         rows = max(32, DEQUANT_CHUNK_BYTES // (k * x.element_size()) // 32 * 32)
@@ -688,11 +688,12 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int, n: int | Non
     return out
 
 
-def _mma_decode(qtype: int, k: int, dtype: torch.dtype, mma: bool | None = None) -> bool:
+def mma_decode(qtype: int, k: int, dtype: torch.dtype, mma: bool | None = None,
+               weight: torch.Tensor | None = None) -> bool:
     """Whether a decode-sized product of this weight runs on the register-MMA kernels (kernels/gguf_mma.py):
-    GLM5_SHIM_GGUF_DECODE=mma (or ``mma``) and a type and dtype they cover."""
+    GLM5_SHIM_GGUF_DECODE=mma (or ``mma``), a type and dtype they cover, and rows aligned as they load them."""
     wanted = settings.gguf_decode_choice() == "mma" if mma is None else mma
-    return wanted and gguf_mma.covers(qtype, k, dtype)
+    return wanted and gguf_mma.covers(qtype, k, dtype) and (weight is None or gguf_mma.aligned(weight, qtype))
 
 
 def moe_align(topk_ids: torch.Tensor, block_m: int, num_experts: int):
@@ -757,8 +758,8 @@ def gguf_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights:
     num_sms = _num_sms(x.device)
     plan = plan or moe_plan(t, top_k, e)
     if not plan["fused_gate"]:
-        mma13 = _mma_decode(qtype13, h, x.dtype, plan.get("mma"))
-        mma2 = _mma_decode(qtype2, inter, x.dtype, plan.get("mma"))
+        mma13 = mma_decode(qtype13, h, x.dtype, plan.get("mma"), w13)
+        mma2 = mma_decode(qtype2, inter, x.dtype, plan.get("mma"), w2)
         if mma13 or mma2:
             return _moe_decode_mma(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, mma13, mma2, plan,
                                    align or moe_align, num_sms)
@@ -818,7 +819,7 @@ def _moe_decode_mma(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, mma13: 
     if mma13:
         split, per = gguf_mma.splits(busy_blocks * -(-two_i // gguf_mma.block_rows()), h // 256, num_sms)
         part = torch.empty(split, pairs, two_i, dtype=torch.float32, device=x.device)
-        gguf_mma.launch(x, w13, part, n=two_i, num_valid=pairs, num_blocks=route8[1].numel(), split=split,
+        gguf_mma.launch(x, w13, part, qtype=qtype13, n=two_i, num_valid=pairs, num_blocks=route8[1].numel(), split=split,
                         sb_per_split=per, a_row_div=top_k, route=(*route8, None))
     else:
         sorted_ids, expert_ids, num_padded = route_tile
@@ -838,7 +839,7 @@ def _moe_decode_mma(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, mma13: 
     down = torch.empty(pairs, h, dtype=x.dtype, device=x.device)  # rounded once before the top-k sum
     route_w = topk_weights.reshape(-1)
     if mma2:
-        gguf_mma.launch(act, w2, down, n=h, num_valid=pairs, num_blocks=route8[1].numel(), split=1,
+        gguf_mma.launch(act, w2, down, qtype=qtype2, n=h, num_valid=pairs, num_blocks=route8[1].numel(), split=1,
                         sb_per_split=inter // 256, route=(*route8, route_w))
     else:
         sorted_ids, expert_ids, num_padded = route_tile

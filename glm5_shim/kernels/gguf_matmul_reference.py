@@ -104,14 +104,16 @@ def q4k_parts(qweight: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
     return torch.from_numpy(s), torch.from_numpy(m), torch.from_numpy(n)
 
 
-def mma_q4k_error_bound(x: torch.Tensor, qweight: torch.Tensor, k: int, unit: float) -> torch.Tensor:
-    """Bound on |register-MMA Q4_K linear - exact| per output [M, N] (kernels/gguf_mma.py's docstring): each
-    weight is off by at most u (|S q| + |C| + |w|) with S = 8 s, q = 2 + n/8, C = 2 S + m; float32 sums add
-    K 2**-24 sum |x w|; the output's own rounding u |out| is the caller's (its dtype)."""
-    s, m, n = q4k_parts(qweight, k)
-    s_k, m_k = s.repeat_interleave(32, 1), m.repeat_interleave(32, 1)
-    sq = (8 * s_k * (2 + n / 8)).abs()
-    c = (16 * s_k + m_k).abs()
-    w = (s_k * n - m_k).abs()
-    ax = x.double().abs().cpu()
-    return ax @ (unit * (sq + c + w) + k * 2.0 ** -24 * w).T
+def mma_error_bound(x: torch.Tensor, qweight: torch.Tensor, qtype: int, k: int, unit: float) -> torch.Tensor:
+    """Bound on |register-MMA linear - exact| per output [M, N] (kernels/gguf_mma.py's docstring): each weight is
+    off by at most u (|s n| + |m| + |w|) (Q4_K: s, m rounded, then w) or 2 u |w| (Q6_K: s rounded, then w); float32
+    sums add K 2**-24 sum |x w|; the output's own rounding u |out| is the caller's (its dtype)."""
+    w = dequantize(qweight, qtype, k).abs()
+    if qtype == Q4_K:
+        s, m, n = q4k_parts(qweight, k)
+        per_weight = (s.repeat_interleave(32, 1) * n).abs() + m.repeat_interleave(32, 1).abs() + w
+    elif qtype == Q6_K:
+        per_weight = 2 * w
+    else:
+        raise ValueError(f"no register-MMA kernel for GGML type {qtype}")
+    return x.double().abs().cpu() @ (unit * per_weight + k * 2.0 ** -24 * w).T

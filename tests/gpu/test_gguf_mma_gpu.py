@@ -1,11 +1,11 @@
-"""The register-MMA decode kernels (kernels/gguf_mma.py, Gluon) compiled on a real GPU, against float64 on the
-``gguf`` package's dequantization.
+"""The register-MMA decode kernels (kernels/gguf_mma.py, Gluon: Q4_K, Q6_K) compiled on a real GPU, against
+float64 on the ``gguf`` package's dequantization.
 
-Bound (elementwise, derived in kernels/gguf_mma.py): each weight is off by at most u (|S q| + |C| + |w|) with u the
-activation dtype's unit roundoff (bf16 2**-8, fp16 2**-11), the float32 sums by K 2**-24 sum |x w|, the output by
-its own rounding u |out| (gguf_matmul_reference.mma_q4k_error_bound).  The MoE rounds SiLU(gate)*up and the top-k
-terms once more: relative Frobenius error within 4 * 2u there, the tile kernels' bound doubled for the rounded S
-and C.  A wrong permutation, scale or routing is off by O(1).
+Bound (elementwise, derived in kernels/gguf_mma.py): each weight is off by at most u (|s n| + |m| + |w|) (Q4_K) or
+2 u |w| (Q6_K) with u the activation dtype's unit roundoff (bf16 2**-8, fp16 2**-11), the float32 sums by
+K 2**-24 sum |x w|, the output by its own rounding u |out| (gguf_matmul_reference.mma_error_bound).  The MoE rounds
+SiLU(gate)*up and the top-k terms once more: relative Frobenius error within 8u there (the weights' 2-3 roundings,
+the intermediate's, the output's).  A wrong permutation, scale or routing is off by O(1).
 """
 import pytest
 import torch
@@ -22,24 +22,27 @@ def _mods():
     return gm, ref, mma
 
 
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_linear_within_bound(dtype):
+def test_linear_within_bound(name, dtype):
     gm, ref, mma = _mods()
-    g = torch.Generator().manual_seed(1 + (dtype == torch.float16))
+    qtype = getattr(gm, name)
+    g = torch.Generator().manual_seed(qtype + (dtype == torch.float16))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     for n, k, quantized in ((333, 1024, False), (2624, 6144, True), (19360, 6144, False)):
-        w = (ref.quantized_blocks(mma.Q4_K, torch.randn(n, k, generator=g) * 0.02) if quantized
-             else ref.random_blocks(mma.Q4_K, n, k, g))
-        wd, w64 = w.cuda(), ref.dequantize(w, mma.Q4_K, k)
+        w = (ref.quantized_blocks(qtype, torch.randn(n, k, generator=g) * 0.02) if quantized
+             else ref.random_blocks(qtype, n, k, g))
+        wd, w64 = w.cuda(), ref.dequantize(w, qtype, k)
         for m in (1, 2, 3, 7, 8):
             x = torch.randn(m, k, generator=g).to(dtype)
-            got = mma.linear(x.cuda(), wd, n, torch.cuda.get_device_properties(0).multi_processor_count)
+            got = mma.linear(x.cuda(), wd, qtype, n, sms)
             want = x.double() @ w64.T
-            bound = ref.mma_q4k_error_bound(x, w, k, U[dtype]) + U[dtype] * want.abs()
+            bound = ref.mma_error_bound(x, w, qtype, k, U[dtype]) + U[dtype] * want.abs()
             excess = ((got.double().cpu() - want).abs() - bound).max().item()
-            assert excess <= 0, (dtype, n, k, m, excess)
+            assert excess <= 0, (name, dtype, n, k, m, excess)
 
 
-@pytest.mark.parametrize("types", [("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q6_K", "Q4_K")])
+@pytest.mark.parametrize("types", [("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q6_K", "Q4_K"), ("Q4_K", "Q8_0")])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_moe_decode(types, dtype):
     gm, ref, mma = _mods()

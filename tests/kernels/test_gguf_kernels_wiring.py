@@ -110,6 +110,32 @@ def test_few_rows_and_uncovered_types_reach_vllms_kernels(patched, monkeypatch):
     assert fallback == [16, gm.Q8_0]
 
 
+def test_register_mma_decode_takes_the_rows_vllms_vector_kernel_had(patched, monkeypatch):
+    """GLM5_SHIM_GGUF_DECODE=mma: a 2-row fp16 Q4_K linear (a padded shard view) runs on the register-MMA kernel,
+    not vLLM's vector kernel, and reads the shard in place; other types keep the vector kernel."""
+    from glm5_shim.kernels import gguf_mma
+    from glm5_shim.matmul import gguf_ops
+
+    seen, launched = [], []
+    monkeypatch.setattr(patched, "_fused_mul_mat_gguf",
+                        lambda x, w, t: seen.append(t) or torch.zeros(x.shape[0], w.shape[0], dtype=x.dtype))
+    monkeypatch.setattr(gguf_ops, "_vllm_vector_kernel_trusted", lambda x: True)
+    real = gguf_mma.launch
+    monkeypatch.setattr(gguf_mma, "launch", lambda *a, **kw: (launched.append(a[1].shape), real(*a, **kw))[1])
+    monkeypatch.setenv("GLM5_SHIM_GGUF_DECODE", "mma")
+    g = torch.Generator().manual_seed(8)
+    w = ref.random_blocks(gm.Q4_K, 8, 512, g)
+    padded = torch.zeros(8, 304, dtype=torch.uint8)
+    padded[:, :288] = w
+    x = torch.randn(2, 512, generator=g).half()
+    got = gguf_ops._linear_op(x, padded, gm.Q4_K, 8)
+    assert launched == [(8, 304)] and not seen
+    want = ref.linear_reference(x, w, gm.Q4_K)
+    assert ((got.double() - want).norm() / want.norm()).item() < 3e-3
+    gguf_ops._linear_op(x, torch.zeros(8, 420, dtype=torch.uint8), gm.Q6_K, 8)
+    assert seen == [gm.Q6_K]
+
+
 def test_vllms_moe_method_runs_on_the_shim_kernels(patched):
     """fused_moe_gguf as GGUFMoEMethod.apply calls it (the patched module global), against float64."""
     g = torch.Generator().manual_seed(4)
