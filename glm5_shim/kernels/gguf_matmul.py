@@ -819,8 +819,8 @@ def _moe_decode_mma(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, mma13: 
     if mma13:
         split, per = gguf_mma.splits(busy_blocks * -(-two_i // gguf_mma.block_rows()), h // 256, num_sms)
         part = torch.empty(split, pairs, two_i, dtype=torch.float32, device=x.device)
-        gguf_mma.launch(x, w13, part, qtype=qtype13, n=two_i, num_valid=pairs, num_blocks=route8[1].numel(), split=split,
-                        sb_per_split=per, a_row_div=top_k, route=(*route8, None))
+        gguf_mma.launch(x, w13, part, qtype=qtype13, n=two_i, num_valid=pairs, num_blocks=route8[1].numel(),
+                        split=split, sb_per_split=per, a_row_div=top_k, route=(*route8, None))
     else:
         sorted_ids, expert_ids, num_padded = route_tile
         bn = plan["BLOCK_N"]

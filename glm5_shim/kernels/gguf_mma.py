@@ -60,7 +60,8 @@ X_ORDER_Q6K = gl.constexpr((4, 5, 6, 2, 3, 7, 0, 1))
 # offset to remove (Q4_K: the magic number; Q6_K: magic + 32, so the result is q - 32)
 _MAGIC = {False: 0x4300, True: 0x6400}              # bf16 128.0, fp16 1024.0
 _ONE = {False: 0x3F80, True: 0x3C00}
-_NEG = {(False, Q4_K): 0xC300, (True, Q4_K): 0xE400, (False, Q6_K): 0xC320, (True, Q6_K): 0xE420}  # -128 -1024 -160 -1056
+_NEG = {(False, Q4_K): 0xC300, (True, Q4_K): 0xE400,    # -128, -1024
+        (False, Q6_K): 0xC320, (True, Q6_K): 0xE420}    # -160, -1056
 
 
 def _pair(h: int) -> str:
@@ -417,7 +418,8 @@ def linear(x, qweight, qtype: int, n: int, num_sms: int, tuning: dict | None = N
     split, per = splits(num_blocks * -(-n // block_rows(tuning)), k // SB_VALUES.value, num_sms, tuning)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     dst = out if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
-    launch(x, qweight, dst, qtype=qtype, n=n, num_valid=m, num_blocks=num_blocks, split=split, sb_per_split=per, tuning=tuning)
+    launch(x, qweight, dst, qtype=qtype, n=n, num_valid=m, num_blocks=num_blocks, split=split, sb_per_split=per,
+           tuning=tuning)
     if split > 1:
         torch.sum(dst, 0, out=out) if out.dtype == torch.float32 else out.copy_(dst.sum(0))
     return out
