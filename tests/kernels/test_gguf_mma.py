@@ -1,5 +1,5 @@
-"""The register-MMA decode kernels (kernels/gguf_mma.py: Q4_K, Q6_K) under the Triton interpreter, against float64 on the
-``gguf`` package's dequantization.
+"""The register-MMA decode kernels (kernels/gguf_mma.py: Q4_K, Q6_K) under the Triton interpreter, against float64
+on the ``gguf`` package's dequantization.
 
 The interpreter runs the Gluon source through kernels/gluon_compat (layouts ignored: they never change a result)
 with the PTX replaced by the same arithmetic, so these tests check the permuted K order, the scale decode, the
