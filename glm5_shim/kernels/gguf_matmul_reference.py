@@ -104,13 +104,21 @@ def q4k_parts(qweight: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
     return torch.from_numpy(s), torch.from_numpy(m), torch.from_numpy(n)
 
 
+def _q5k_as_q4k(qweight: torch.Tensor, k: int) -> torch.Tensor:
+    """Q5_K super-blocks with their 32 high-bit bytes dropped: a Q4_K block with the same scales and the low 4 bits
+    of each code (for q4k_parts; the bound takes the fifth bit at its largest)."""
+    sb = qweight[:, : k // 256 * 176].reshape(qweight.shape[0], k // 256, 176)
+    return torch.cat([sb[..., :16], sb[..., 48:]], dim=-1).reshape(qweight.shape[0], -1)
+
+
 def mma_error_bound(x: torch.Tensor, qweight: torch.Tensor, qtype: int, k: int, unit: float) -> torch.Tensor:
     """Bound on |register-MMA linear - exact| per output [M, N] (kernels/gguf_mma.py's docstring): each weight is
-    off by at most u (|s n| + |m| + |w|) (Q4_K: s, m rounded, then w) or 2 u |w| (Q6_K: s rounded, then w); float32
+    off by at most u (|s n| + |m| + |w|) (Q4_K, Q5_K: s, m rounded, then w) or 2 u |w| (Q6_K); float32
     sums add K 2**-24 sum |x w|; the output's own rounding u |out| is the caller's (its dtype)."""
     w = dequantize(qweight, qtype, k).abs()
-    if qtype == Q4_K:
-        s, m, n = q4k_parts(qweight, k)
+    if qtype in (Q4_K, Q5_K):  # the same scales; Q5_K codes n + 16 (fifth bit) bound by |w| + |m| + 16 |s|
+        s, m, n = q4k_parts(qweight if qtype == Q4_K else _q5k_as_q4k(qweight, k), k)
+        n = n + (16 if qtype == Q5_K else 0)
         per_weight = (s.repeat_interleave(32, 1) * n).abs() + m.repeat_interleave(32, 1).abs() + w
     elif qtype == Q6_K:
         per_weight = 2 * w

@@ -1,4 +1,4 @@
-"""Decode-sized GGUF matmuls with the weights fed to tensor cores straight from registers (Gluon; Q4_K, Q6_K).
+"""Decode-sized GGUF matmuls with the weights fed to tensor cores straight from registers (Gluon; Q4_K, Q5_K, Q6_K).
 
 Why: the tile kernels of :mod:`gguf_matmul` decode a weight tile in one register layout and ``tl.dot`` wants it in
 another, so every decoded weight went through shared memory and a barrier, and each weight cost ~8 SASS
@@ -42,11 +42,14 @@ import triton.language as tl
 from glm5_shim.kernels.gluon_compat import INTERPRET_K, DistributedLinearLayout, NVMMADistributedLayout, gl, jit, mma_v2
 
 Q4_K = int(gguf.GGMLQuantizationType.Q4_K)
+Q5_K = int(gguf.GGMLQuantizationType.Q5_K)
 Q6_K = int(gguf.GGMLQuantizationType.Q6_K)
-MMA_TYPES = (Q4_K, Q6_K)
+MMA_TYPES = (Q4_K, Q6_K, Q5_K)
 TOKENS = 8                         # the MMA's N: routed rows (MoE) or activation rows (linear) a program multiplies
 SB_VALUES = gl.constexpr(256)      # values of a K-quant super-block
-SB_BYTES = {Q4_K: 144, Q6_K: 210}  # Q4_K: d, dmin, 12 scale bytes, 128 code bytes; Q6_K: 128 ql, 64 qh, 16 scales, d
+# Q4_K: d, dmin, 12 scale bytes, 128 code bytes; Q5_K: the same with 32 high-bit bytes before the codes;
+# Q6_K: 128 bytes of low nibbles, 64 of high bits, 16 int8 scales, d
+SB_BYTES = {Q4_K: 144, Q5_K: 176, Q6_K: 210}
 
 # Dimension orders of the two permutations (see the module docstring).  A: codes [rows, 4, 4, 4] viewed as bits
 # (row, p5, p4, p3, p2, p1, p0) of the byte p, reordered so that dimension j + 1 is bit 5 - j of the dot's k:
@@ -61,6 +64,7 @@ X_ORDER_Q6K = gl.constexpr((4, 5, 6, 2, 3, 7, 0, 1))
 _MAGIC = {False: 0x4300, True: 0x6400}              # bf16 128.0, fp16 1024.0
 _ONE = {False: 0x3F80, True: 0x3C00}
 _NEG = {(False, Q4_K): 0xC300, (True, Q4_K): 0xE400,    # -128, -1024
+        (False, Q5_K): 0xC300, (True, Q5_K): 0xE400,
         (False, Q6_K): 0xC320, (True, Q6_K): 0xE420}    # -160, -1056
 
 
@@ -69,11 +73,12 @@ def _pair(h: int) -> str:
 
 
 def _decode_asm(qtype: int, fp16: bool) -> str:
-    """PTX for 4 code bytes (Q6_K: and their 4 high-bit bytes) -> the weights of their low nibbles ($0, $1) and
-    high nibbles ($2, $3), two to a register.  Q4_K inputs: codes $4, s_lo $5 $6, -m_lo $7 $8, s_hi $9 $10, -m_hi
-    $11 $12.  Q6_K inputs: low nibbles $4, high-bit bytes already shifted right by 2 (p >> 5) $5, s_lo $6 $7, s_hi
-    $8 $9.  prmt spreads bytes b0 b1 (b2 b3) into the two halves of a register, lop3 masks a code and ors in the
-    magic number, one FMA with 1.0 removes it (exact), one more applies the scale."""
+    """PTX for 4 code bytes (Q5_K, Q6_K: and their 4 high-bit bytes) -> the weights of their low nibbles ($0, $1)
+    and high nibbles ($2, $3), two to a register.  Q4_K inputs: codes $4, s_lo $5 $6, -m_lo $7 $8, s_hi $9 $10,
+    -m_hi $11 $12.  Q5_K: codes $4, high-bit bytes shifted so that bit 0 is the low nibble's fifth bit and bit 1 the
+    high nibble's $5, then as Q4_K from $6.  Q6_K inputs: low nibbles $4, high-bit bytes shifted right by
+    2 (p >> 5) $5, s_lo $6 $7, s_hi $8 $9.  prmt spreads bytes b0 b1 (b2 b3) into the two halves of a register, lop3
+    masks a code and ors in the magic number, one FMA with 1.0 removes it (exact), one more applies the scale."""
     fma = "fma.rn.f16x2" if fp16 else "fma.rn.bf16x2"
     magic, one, neg = _pair(_MAGIC[fp16]), _pair(_ONE[fp16]), _pair(_NEG[(fp16, qtype)])
     lines = [".reg .b32 t0, t1, u0, u1, u2, u3, one, neg;", f"mov.b32 one, {one};", f"mov.b32 neg, {neg};",
@@ -83,6 +88,17 @@ def _decode_asm(qtype: int, fp16: bool) -> str:
                   "shr.u32 t0, t0, 4;", "shr.u32 t1, t1, 4;",
                   f"lop3.b32 u2, t0, 0x000F000F, {magic}, 0xEA;", f"lop3.b32 u3, t1, 0x000F000F, {magic}, 0xEA;"]
         scale = [("$5", "$7"), ("$6", "$8"), ("$9", "$11"), ("$10", "$12")]
+    elif qtype == Q5_K:
+        lines += [".reg .b32 g0, g1, a0, a1;", "prmt.b32 g0, $5, 0, 0x4140;", "prmt.b32 g1, $5, 0, 0x4342;",
+                  # low nibble | (high-bit bit 0) << 4
+                  "shl.b32 a0, g0, 4;", "shl.b32 a1, g1, 4;",
+                  f"lop3.b32 a0, a0, 0x00100010, {magic}, 0xEA;", f"lop3.b32 a1, a1, 0x00100010, {magic}, 0xEA;",
+                  "lop3.b32 u0, t0, 0x000F000F, a0, 0xEA;", "lop3.b32 u1, t1, 0x000F000F, a1, 0xEA;",
+                  # high nibble | (high-bit bit 1) << 3
+                  "shr.u32 t0, t0, 4;", "shr.u32 t1, t1, 4;", "shl.b32 a0, g0, 3;", "shl.b32 a1, g1, 3;",
+                  f"lop3.b32 a0, a0, 0x00100010, {magic}, 0xEA;", f"lop3.b32 a1, a1, 0x00100010, {magic}, 0xEA;",
+                  "lop3.b32 u2, t0, 0x000F000F, a0, 0xEA;", "lop3.b32 u3, t1, 0x000F000F, a1, 0xEA;"]
+        scale = [("$6", "$8"), ("$7", "$9"), ("$10", "$12"), ("$11", "$13")]
     else:
         lines += [".reg .b32 g0, g1, a0, a1;", "prmt.b32 g0, $5, 0, 0x4140;", "prmt.b32 g1, $5, 0, 0x4342;",
                   # low nibble | (high bits 0-1 of the high-bit byte) << 4
@@ -103,6 +119,8 @@ def _decode_asm(qtype: int, fp16: bool) -> str:
 
 _ASM_Q4K_BF16 = gl.constexpr(_decode_asm(Q4_K, False))
 _ASM_Q4K_FP16 = gl.constexpr(_decode_asm(Q4_K, True))
+_ASM_Q5K_BF16 = gl.constexpr(_decode_asm(Q5_K, False))
+_ASM_Q5K_FP16 = gl.constexpr(_decode_asm(Q5_K, True))
 _ASM_Q6K_BF16 = gl.constexpr(_decode_asm(Q6_K, False))
 _ASM_Q6K_FP16 = gl.constexpr(_decode_asm(Q6_K, True))
 
@@ -126,7 +144,7 @@ def layouts(num_warps: int, reps: int, qtype: int = Q4_K) -> tuple:
         reg_bases=[[0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 1, 0], [0, 0, 2, 0], [8, 0, 0, 0]] + rep_rows,
         lane_bases=[[0, 1, 0, 0], [0, 2, 0, 0], [1, 0, 0, 0], [2, 0, 0, 0], [4, 0, 0, 0]],
         warp_bases=warp_rows, block_bases=[], shape=[bn, 4, 4, 4])
-    nibble, p5 = ([0, 32], [0, 64]) if qtype == Q4_K else ([0, 64], [0, 32])
+    nibble, p5 = ([0, 64], [0, 32]) if qtype == Q6_K else ([0, 32], [0, 64])
     acts = DistributedLinearLayout(
         reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], nibble],
         lane_bases=[[0, 16], p5, [1, 0], [2, 0], [4, 0]],
@@ -185,14 +203,20 @@ def _q4k_scales(h0, h1, h2, h3, slot, HF: tl.constexpr, BF16: tl.constexpr):
 
 @jit
 def _weights(QTYPE: tl.constexpr, codes, high, a_lo, b_lo, a_hi, b_hi, BF16: tl.constexpr):
-    """Code bytes [BN, 4, 4, 4] (Q6_K: with their high-bit bytes shifted into place, ``high``) -> (low-nibble
-    weights, high-nibble weights) in the activation dtype.  Q4_K: w = s n - m with (a, b) = (s, -m) of the byte's
-    group; Q6_K: w = s (q - 32) with a = s (b unused)."""
-    if INTERPRET_K:  # the same numbers without PTX (exact in float32 but in rare cases of the Q4_K subtraction)
+    """Code bytes [BN, 4, 4, 4] (Q5_K, Q6_K: with their high-bit bytes shifted into place, ``high``) -> (low-nibble
+    weights, high-nibble weights) in the activation dtype.  Q4_K, Q5_K: w = s n - m with (a, b) = (s, -m) of the
+    byte's group; Q6_K: w = s (q - 32) with a = s (b unused)."""
+    if INTERPRET_K:  # the same numbers without PTX (exact in float32 but in rare cases of the s n - m subtraction)
         c = codes.to(gl.int32)
-        if QTYPE == 12:
-            w_lo = (c & 15).to(gl.float32) * _broadcast_like(a_lo, c) + _broadcast_like(b_lo, c)
-            w_hi = (c >> 4).to(gl.float32) * _broadcast_like(a_hi, c) + _broadcast_like(b_hi, c)
+        if QTYPE == 12 or QTYPE == 13:
+            n_lo = c & 15
+            n_hi = c >> 4
+            if QTYPE == 13:
+                hb = high.to(gl.int32)
+                n_lo = n_lo | ((hb & 1) << 4)
+                n_hi = n_hi | ((hb & 2) << 3)
+            w_lo = n_lo.to(gl.float32) * _broadcast_like(a_lo, c) + _broadcast_like(b_lo, c)
+            w_hi = n_hi.to(gl.float32) * _broadcast_like(a_hi, c) + _broadcast_like(b_hi, c)
         else:
             hb = high.to(gl.int32)
             q_lo = ((c & 15) | ((hb & 3) << 4)) - 32
@@ -209,6 +233,14 @@ def _weights(QTYPE: tl.constexpr, codes, high, a_lo, b_lo, a_hi, b_hi, BF16: tl.
                 asm: tl.constexpr = _ASM_Q4K_BF16
             else:
                 asm: tl.constexpr = _ASM_Q4K_FP16
+        elif QTYPE == 13:
+            args = [codes, high, _broadcast_like(a_lo, codes), _broadcast_like(b_lo, codes),
+                    _broadcast_like(a_hi, codes), _broadcast_like(b_hi, codes)]
+            cons: tl.constexpr = "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r"
+            if BF16:
+                asm: tl.constexpr = _ASM_Q5K_BF16
+            else:
+                asm: tl.constexpr = _ASM_Q5K_FP16
         else:
             args = [codes, high, _broadcast_like(a_lo, codes), _broadcast_like(a_hi, codes)]
             cons: tl.constexpr = "=r,=r,=r,=r,r,r,r,r,r,r"
@@ -225,10 +257,10 @@ def _half_dot(acc, w_lo, w_hi, xt, QTYPE: tl.constexpr, BN: tl.constexpr, ACC: t
     activations xt [8, 128] (value v of the half at column v), in the permuted K order of the module docstring."""
     A_DOT: tl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
     B_DOT: tl.constexpr = gl.DotOperandLayout(operand_index=1, parent=ACC, k_width=2)
-    if QTYPE == 12:
-        xb = gl.permute(gl.reshape(xt, [8, 2, 2, 2, 2, 2, 2, 2]), X_ORDER_Q4K.value)
-    else:
+    if QTYPE == 14:
         xb = gl.permute(gl.reshape(xt, [8, 2, 2, 2, 2, 2, 2, 2]), X_ORDER_Q6K.value)
+    else:
+        xb = gl.permute(gl.reshape(xt, [8, 2, 2, 2, 2, 2, 2, 2]), X_ORDER_Q4K.value)
     x_lo, x_hi = gl.split(gl.reshape(xb, [64, 8, 2]))
     for nib in gl.static_range(2):
         if nib == 0:
@@ -246,14 +278,25 @@ def _half_dot(acc, w_lo, w_hi, xt, QTYPE: tl.constexpr, BN: tl.constexpr, ACC: t
 
 @jit
 def _load_half(QTYPE: tl.constexpr, rowp, slot, word, act_p, x_ok, sb, HF: tl.constexpr):
-    """The loads of half HF of super-block sb: (code words or low-nibble words [BN, 4, 4], Q4_K header words /
-    Q6_K high-bit words and scales, activations [8, 128]).  rowp: [BN, 1] byte pointers to the weight rows."""
+    """The loads of half HF of super-block sb: (code words or low-nibble words [BN, 4, 4], then Q4_K/Q5_K header
+    words and Q5_K high-bit words, or Q6_K high-bit words and scales, then activations [8, 128]).  rowp: [BN, 1]
+    byte pointers to the weight rows."""
     xt = gl.load(act_p + sb * 256 + 128 * HF, mask=x_ok, other=0.0)
-    if QTYPE == 12:
-        base = (rowp + sb * 144).to(gl.pointer_type(gl.int32))          # 16-byte aligned rows and blocks
+    if QTYPE == 12 or QTYPE == 13:
+        if QTYPE == 12:
+            base = (rowp + sb * 144).to(gl.pointer_type(gl.int32))      # 16-byte aligned rows and blocks
+            code_word = 4
+        else:
+            base = (rowp + sb * 176).to(gl.pointer_type(gl.int32))
+            code_word = 12
         head = base + slot * 0                                          # [BN, 4]
-        codes = gl.load(gl.expand_dims(head + 4 + 16 * HF + 4 * slot, 2) + gl.expand_dims(gl.expand_dims(word, 0), 1))
-        return codes, gl.load(head), gl.load(head + 1), gl.load(head + 2), gl.load(head + 3), xt
+        words = gl.expand_dims(gl.expand_dims(word, 0), 1)
+        codes = gl.load(gl.expand_dims(head + code_word + 16 * HF + 4 * slot, 2) + words)
+        if QTYPE == 13:
+            high = gl.load(gl.expand_dims(head + 4 + 4 * (slot % 2), 2) + words)   # high bits of values p & 31
+        else:
+            high = codes
+        return codes, gl.load(head), gl.load(head + 1), gl.load(head + 2), gl.load(head + 3), high, xt
     else:
         base = rowp + sb * 210                                          # 2-byte aligned blocks: 16-bit loads
         ql = (gl.expand_dims(base + 64 * HF + 16 * slot, 2) + gl.expand_dims(gl.expand_dims(4 * word, 0), 1)
@@ -265,16 +308,20 @@ def _load_half(QTYPE: tl.constexpr, rowp, slot, word, act_p, x_ok, sb, HF: tl.co
         sc_lo = gl.load(base + 192 + 8 * HF + slot)                     # int8 scale of values 16 slot ..
         sc_hi = gl.load(base + 196 + 8 * HF + slot)                     # .. and of 64 + 16 slot ..
         d = gl.load((base + 208 + slot * 0).to(gl.pointer_type(gl.int16)))
-        return low, high, sc_lo, sc_hi, d, xt
+        return low, high, sc_lo, sc_hi, d, low, xt
 
 
 @jit
 def _consume_half(acc, QTYPE: tl.constexpr, stage, slot, HF: tl.constexpr, BN: tl.constexpr, L4: tl.constexpr,
                   ACC: tl.constexpr, BF16: tl.constexpr):
-    w0, w1, w2, w3, w4, xt = stage
-    if QTYPE == 12:
+    w0, w1, w2, w3, w4, w5, xt = stage
+    if QTYPE == 12 or QTYPE == 13:
         a_lo, b_lo, a_hi, b_hi = _q4k_scales(w1, w2, w3, w4, slot, HF, BF16)
-        w_lo, w_hi = _weights(QTYPE, _bytes(w0, L4), _bytes(w0, L4), a_lo, b_lo, a_hi, b_hi, BF16)
+        if QTYPE == 13:  # bit 2c of high-bit byte l is value l's fifth bit in group 2c: to bits 0 (low), 1 (high)
+            high = w5 >> gl.expand_dims(2 * (2 * HF + slot // 2), 2)
+        else:
+            high = w5
+        w_lo, w_hi = _weights(QTYPE, _bytes(w0, L4), _bytes(high, L4), a_lo, b_lo, a_hi, b_hi, BF16)
     else:
         if BF16:
             dt: tl.constexpr = gl.bfloat16
@@ -380,7 +427,7 @@ def covers(qtype: int, k: int, dtype) -> bool:
     return int(qtype) in MMA_TYPES and k % SB_VALUES.value == 0 and dtype in (torch.bfloat16, torch.float16)
 
 
-ROW_ALIGN = {Q4_K: 4, Q6_K: 2}  # bytes: Q4_K rows are read as int32 words, Q6_K's as int16
+ROW_ALIGN = {Q4_K: 4, Q5_K: 4, Q6_K: 2}  # bytes: Q4_K/Q5_K rows are read as int32 words, Q6_K's as int16
 
 
 def aligned(w, qtype: int) -> bool:
