@@ -42,7 +42,8 @@ def test_linear_within_bound(name, dtype):
             assert excess <= 0, (name, dtype, n, k, m, excess)
 
 
-@pytest.mark.parametrize("types", [("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q6_K", "Q4_K"), ("Q4_K", "Q8_0"), ("Q5_K", "Q5_K")])
+@pytest.mark.parametrize("types", [("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q6_K", "Q4_K"), ("Q4_K", "Q8_0"),
+                                   ("Q5_K", "Q5_K")])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_moe_decode(types, dtype):
     gm, ref, mma = _mods()

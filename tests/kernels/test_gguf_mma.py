@@ -6,8 +6,8 @@ with the PTX replaced by the same arithmetic, so these tests check the permuted 
 splits and the routing; the layouts are checked by the offline compiles (test_compile_targets_gguf_matmul) and the
 numbers again on the GPU (tests/gpu/test_gguf_mma_gpu.py).  fp16 only (the interpreter's bf16 dot is wrong).
 
-Bound, elementwise: each weight is off by at most u (|s n| + |m| + |w|) (Q4_K, Q5_K) or 2 u |w| (Q6_K) (u = 2**-11, fp16's
-unit roundoff: s and m rounded, then w), the float32 sums by K 2**-24 sum |x w|, the fp16 output by u |out|
+Bound, elementwise: each weight is off by at most u (|s n| + |m| + |w|) (Q4_K, Q5_K) or 2 u |w| (Q6_K) (u = 2**-11,
+fp16's unit roundoff: s and m rounded, then w), the float32 sums by K 2**-24 sum |x w|, the fp16 output by u |out|
 (gguf_matmul_reference.mma_error_bound).  A wrong permutation or scale is off by O(|out|), far outside it.
 """
 import pytest
@@ -85,7 +85,8 @@ def test_linear_dispatch_follows_the_switch(monkeypatch):
     assert calls == [64]
 
 
-@pytest.mark.parametrize("types", [("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q6_K", "Q8_0"), ("Q8_0", "Q4_K"), ("Q5_K", "Q5_K")])
+@pytest.mark.parametrize("types", [("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q6_K", "Q8_0"), ("Q8_0", "Q4_K"),
+                                   ("Q5_K", "Q5_K")])
 def test_moe_decode(types):
     """Both passes on the register-MMA kernels, or one of them (the other on the tile kernel with its own
     routing layout); one expert hot or routings spread; float64 reference."""
