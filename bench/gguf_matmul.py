@@ -11,6 +11,10 @@ against vLLM's bf16 computation on the dequantized weights.
 
 floor = bytes of the distinct weights a call must read / copy bandwidth measured in this run (read + write bytes
 per second of a 2 GiB device copy); for large T also the tensor-core floor (2 * flops / dense bf16 peak).
+
+Where the register-MMA decode kernels (kernels/gguf_mma.py) cover the type, MoE rows of decode size and dense rows
+of up to 8 tokens are timed on them too (``mma_us``, its own table); ``--parts mma_sweep`` times their launch
+shapes (warps x row repeats x programs an SM).
 """
 from __future__ import annotations
 
@@ -289,6 +293,47 @@ def bench_probe(types, tokens, bw, gen, rows):
         torch.cuda.empty_cache()
 
 
+def bench_mma_sweep(bw, gen, rows, types=("Q4_K", "Q6_K")):
+    """Launch shapes of the register-MMA decode kernels (kernels/gguf_mma.MMA_TUNING): warps, row repeats and
+    programs an SM, for the TP-8 MoE at T = 1 and 32 and q_a+kv_a / lm_head at T = 1."""
+    import itertools
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    cfgs = [dict(num_warps=w, reps=r, ctas_per_sm=c) for w, r, c in itertools.product((2, 4, 8), (1, 2, 4), (2, 4, 8))]
+    for name in types:
+        qt, w13, w2, expert_bytes = rank_experts(name, gen)
+        for t in (1, 32):
+            ids, wts, x, floor = call_inputs(t, gen, expert_bytes, bw)
+            for cfg in cfgs:
+                plan = {**gm.moe_plan(t, TOP_K, EXPERTS), "mma": True, "mma_tuning": cfg}
+                try:
+                    us_ = graph_us([lambda i=i, w=w: gm.gguf_moe(x, w13, w2, w, i, qt, qt, align=ALIGN, plan=plan)
+                                    for i, w in zip(ids, wts)])
+                except Exception as e:  # noqa: BLE001
+                    us_ = None
+                    print(f"mma sweep moe {name} T={t} {cfg}: {type(e).__name__}: {str(e)[:200]}")
+                row = dict(kind="sweep", what=f"mma moe tp8 {name}", T=t, cfg=cfg, us=us_, floor_us=floor)
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+        w13 = w2 = None
+        torch.cuda.empty_cache()
+        lname = "q_a+kv_a" if name == "Q4_K" else "lm_head"
+        n, k = DENSE_TP8[lname]
+        one = gm.row_bytes(qt, k) * n
+        ws = [random_blocks_cuda(qt, (n,), k, gen) for _ in range(max(2, min(16, -(-2 * L2_BYTES // one))))]
+        x = (torch.randn(1, k, device="cuda", generator=gen) * 0.5).to(torch.bfloat16)
+        for cfg in cfgs:
+            try:
+                us_ = graph_us([lambda w=w: gguf_mma.linear(x, w, qt, n, sms, tuning=cfg) for w in ws] * 2)
+            except Exception as e:  # noqa: BLE001
+                us_ = None
+                print(f"mma sweep dense {lname} {cfg}: {type(e).__name__}: {str(e)[:200]}")
+            row = dict(kind="sweep", what=f"mma {lname} {name}", T=1, cfg=cfg, us=us_, floor_us=one / bw * 1e6)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+        ws = None
+        torch.cuda.empty_cache()
+
+
 def bench_sweep(bw, gen, rows, types=("Q4_K",)):
     """Time alternative launch parameters so the tuning constants in kernels/gguf_matmul.py can be chosen."""
     import itertools
@@ -490,6 +535,8 @@ def main():
             bench_moe_profile(args.sweep_types.split(","), [int(t) for t in args.tokens.split(",")], gen, rows)
         if "sweep" in parts:
             bench_sweep(bw, gen, rows, args.sweep_types.split(","))
+        if "mma_sweep" in parts:
+            bench_mma_sweep(bw, gen, rows, [t for t in types if gguf_mma.covers(TYPES[t], HIDDEN, torch.bfloat16)])
         if "crash" in parts and vg is not None and os.environ.get("GLM5_BENCH_NO_CRASH") is None:
             crash_repro(rows)
     finally:

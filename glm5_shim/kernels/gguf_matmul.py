@@ -813,14 +813,16 @@ def _moe_decode_mma(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, mma13: 
     top_k = topk_ids.shape[1]
     pairs = t * top_k
     x = x if x.stride(-1) == 1 else x.contiguous()
+    tuning = plan.get("mma_tuning")
     route8 = align(topk_ids, gguf_mma.TOKENS, e)
     route_tile = align(topk_ids, plan["BLOCK_M"], e) if not (mma13 and mma2) else None
     busy_blocks = min(pairs, e)
     if mma13:
-        split, per = gguf_mma.splits(busy_blocks * -(-two_i // gguf_mma.block_rows()), h // 256, num_sms)
+        split, per = gguf_mma.splits(busy_blocks * -(-two_i // gguf_mma.block_rows(tuning)), h // 256, num_sms,
+                                     tuning)
         part = torch.empty(split, pairs, two_i, dtype=torch.float32, device=x.device)
         gguf_mma.launch(x, w13, part, qtype=qtype13, n=two_i, num_valid=pairs, num_blocks=route8[1].numel(),
-                        split=split, sb_per_split=per, a_row_div=top_k, route=(*route8, None))
+                        split=split, sb_per_split=per, a_row_div=top_k, route=(*route8, None), tuning=tuning)
     else:
         sorted_ids, expert_ids, num_padded = route_tile
         bn = plan["BLOCK_N"]
@@ -840,7 +842,7 @@ def _moe_decode_mma(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, mma13: 
     route_w = topk_weights.reshape(-1)
     if mma2:
         gguf_mma.launch(act, w2, down, qtype=qtype2, n=h, num_valid=pairs, num_blocks=route8[1].numel(), split=1,
-                        sb_per_split=inter // 256, route=(*route8, route_w))
+                        sb_per_split=inter // 256, route=(*route8, route_w), tuning=tuning)
     else:
         sorted_ids, expert_ids, num_padded = route_tile
         bn = plan["BLOCK_N_W2"]
