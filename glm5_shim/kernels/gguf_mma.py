@@ -39,12 +39,13 @@ import functools
 import gguf
 import triton.language as tl
 
+from glm5_shim.gguf.kernel_coverage import MMA_DECODE_TYPES
 from glm5_shim.kernels.gluon_compat import INTERPRET_K, DistributedLinearLayout, NVMMADistributedLayout, gl, jit, mma_v2
 
 Q4_K = int(gguf.GGMLQuantizationType.Q4_K)
 Q5_K = int(gguf.GGMLQuantizationType.Q5_K)
 Q6_K = int(gguf.GGMLQuantizationType.Q6_K)
-MMA_TYPES = (Q4_K, Q6_K, Q5_K)
+MMA_TYPES = MMA_DECODE_TYPES
 TOKENS = 8                         # the MMA's N: routed rows (MoE) or activation rows (linear) a program multiplies
 SB_VALUES = gl.constexpr(256)      # values of a K-quant super-block
 # Q4_K: d, dmin, 12 scale bytes, 128 code bytes; Q5_K: the same with 32 high-bit bytes before the codes;

@@ -48,3 +48,16 @@ def test_the_line_names_the_types_whose_shim_kernels_wait_for_the_gpu(q2k_plan):
     assert f"shim kernels for {'/'.join(present)} are written and wait for their GPU tests" in line
     no_wait = format_matmul_paths({"shim": {"Q4_K": 3}, "vllm": {"IQ2_XXS": 2}})
     assert "wait for their GPU tests" not in no_wait and "IQ2_XXS x2" in no_wait
+
+
+def test_the_line_says_where_decode_runs_with_and_without_the_mma_switch(monkeypatch):
+    paths = {"shim": {"Q4_K": 3, "Q6_K": 1, "Q8_0": 2}, "vllm": {}}
+    monkeypatch.delenv("GLM5_SHIM_GGUF_DECODE", raising=False)
+    line = format_matmul_paths(paths)
+    assert "GLM5_SHIM_GGUF_DECODE=mma runs decode-sized Q4_K/Q6_K products on the register-MMA kernels" in line
+    assert "1-6 rows stay on vLLM's vector kernel" in line
+    monkeypatch.setenv("GLM5_SHIM_GGUF_DECODE", "mma")
+    line = format_matmul_paths(paths)
+    assert "decode-sized Q4_K/Q6_K products on the register-MMA kernels" in line and "Q8_0" not in line.split(";")[-1]
+    assert "1-6 rows stay" not in line
+    assert "register-MMA" not in format_matmul_paths({"shim": {"Q8_0": 2}, "vllm": {}})
