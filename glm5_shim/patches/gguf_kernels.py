@@ -51,14 +51,17 @@ def _apply(module, patch: Patch) -> None:
     import gguf
     from vllm.logger import init_logger
 
-    from glm5_shim.gguf.kernel_coverage import SHIM_KERNEL_TYPES
+    from glm5_shim import settings
+    from glm5_shim.gguf.kernel_coverage import MMA_DECODE_TYPES, SHIM_KERNEL_TYPES
 
     names = "/".join(gguf.GGMLQuantizationType(t).name for t in SHIM_KERNEL_TYPES)
+    mma = "/".join(gguf.GGMLQuantizationType(t).name for t in MMA_DECODE_TYPES)
+    decode = (f"decode-sized {mma} products, dense ones at 1-8 rows too, on the register-MMA kernels "
+              "(GLM5_SHIM_GGUF_DECODE=mma; not yet GPU-tested)" if settings.gguf_decode_choice() == "mma" else
+              "dense linears at 1-6 rows on vLLM's vector kernel in fp16 or below compute capability 10")
     init_logger("vllm.glm5_shim.gguf").info(
-        "glm5-shim: GGUF matmuls of %s weights run on the shim's Triton kernels (dense linears at 1-6 rows on "
-        "vLLM's vector kernel in fp16 or below compute capability 10; other types on vLLM's ggml kernels; "
-        "GLM5_SHIM_GGUF_KERNELS=vllm for all on vLLM's)",
-        names)
+        "glm5-shim: GGUF matmuls of %s weights run on the shim's Triton kernels (%s; other types on vLLM's ggml "
+        "kernels; GLM5_SHIM_GGUF_KERNELS=vllm for all on vLLM's)", names, decode)
 
 
 PATCHES = [
