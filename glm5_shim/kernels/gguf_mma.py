@@ -278,7 +278,8 @@ def _half_dot(acc, w_lo, w_hi, xt, QTYPE: tl.constexpr, BN: tl.constexpr, ACC: t
 
 
 @jit
-def _load_half(QTYPE: tl.constexpr, rowp, slot, word, act_p, x_ok, sb, HF: tl.constexpr):
+def _load_half(QTYPE: tl.constexpr, rowp, slot, word, act_p, x_ok, sb, HF: tl.constexpr, BN: tl.constexpr,
+               L4: tl.constexpr):
     """The loads of half HF of super-block sb: (code words or low-nibble words [BN, 4, 4], then Q4_K/Q5_K header
     words and Q5_K high-bit words, or Q6_K high-bit words and scales, then activations [8, 128]).  rowp: [BN, 1]
     byte pointers to the weight rows."""
@@ -297,7 +298,16 @@ def _load_half(QTYPE: tl.constexpr, rowp, slot, word, act_p, x_ok, sb, HF: tl.co
             high = gl.load(gl.expand_dims(head + 4 + 4 * (slot % 2), 2) + words)   # high bits of values p & 31
         else:
             high = codes
-        return codes, gl.load(head), gl.load(head + 1), gl.load(head + 2), gl.load(head + 3), high, xt
+        # the 16 header bytes of each row, one 16-byte load, as the words h0..h3 ([BN, 4] each)
+        LSLOT: tl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, L4))
+        h02, h13 = gl.split(gl.reshape(gl.load(gl.expand_dims(head, 2) + words), [BN, 4, 2, 2]))
+        h0, h2 = gl.split(h02)
+        h1, h3 = gl.split(h13)
+        h0 = gl.convert_layout(h0, LSLOT, assert_trivial=True)   # the same registers, named as the scales want
+        h1 = gl.convert_layout(h1, LSLOT, assert_trivial=True)
+        h2 = gl.convert_layout(h2, LSLOT, assert_trivial=True)
+        h3 = gl.convert_layout(h3, LSLOT, assert_trivial=True)
+        return codes, h0, h1, h2, h3, high, xt
     else:
         base = rowp + sb * 210                                          # 2-byte aligned blocks: 16-bit loads
         ql = (gl.expand_dims(base + 64 * HF + 16 * slot, 2) + gl.expand_dims(gl.expand_dims(4 * word, 0), 1)
@@ -378,12 +388,12 @@ def _mma_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_p
     first = pid_s * sb_per_split
     last = gl.minimum(first + sb_per_split, num_sb)
     acc = gl.zeros([BN, 8], gl.float32, layout=ACC)
-    stage0 = _load_half(QTYPE, rowp, slot, word, act_p, x_ok, first, 0)
+    stage0 = _load_half(QTYPE, rowp, slot, word, act_p, x_ok, first, 0, BN, L4)
     for sb in range(first, last):
         # issue the second half's loads, decode the first; issue the next super-block's first half, decode the second
-        stage1 = _load_half(QTYPE, rowp, slot, word, act_p, x_ok, sb, 1)
+        stage1 = _load_half(QTYPE, rowp, slot, word, act_p, x_ok, sb, 1, BN, L4)
         acc = _consume_half(acc, QTYPE, stage0, slot, 0, BN, L4, ACC, BF16)
-        stage0 = _load_half(QTYPE, rowp, slot, word, act_p, x_ok, gl.minimum(sb + 1, last - 1), 0)
+        stage0 = _load_half(QTYPE, rowp, slot, word, act_p, x_ok, gl.minimum(sb + 1, last - 1), 0, BN, L4)
         acc = _consume_half(acc, QTYPE, stage1, slot, 1, BN, L4, ACC, BF16)
 
     feat = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, ACC))
