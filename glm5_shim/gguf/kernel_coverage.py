@@ -14,7 +14,7 @@ SHIM_KERNEL_TYPES = (int(_T.Q4_K), int(_T.Q6_K), int(_T.Q5_K), int(_T.Q8_0))
 KERNEL_TYPES_AWAITING_GPU = (int(_T.Q2_K), int(_T.Q3_K), int(_T.IQ4_XS), int(_T.IQ4_NL))
 # Types the register-MMA decode kernels (kernels/gguf_mma.py) read.  Written and CPU-tested (interpreter, their PTX
 # executed on the CPU, offline compiles), not yet run on a GPU: used only with GLM5_SHIM_GGUF_DECODE=mma.
-MMA_DECODE_TYPES = (int(_T.Q4_K), int(_T.Q6_K), int(_T.Q5_K))
+MMA_DECODE_TYPES = (int(_T.Q4_K), int(_T.Q6_K), int(_T.Q5_K), int(_T.Q8_0))
 K_MULTIPLE = 256  # the kernels step through K in half super-blocks; GLM-5's input widths are all multiples of 256
 
 

@@ -42,6 +42,7 @@ import triton.language as tl
 from glm5_shim.gguf.kernel_coverage import MMA_DECODE_TYPES
 from glm5_shim.kernels.gluon_compat import INTERPRET_K, DistributedLinearLayout, NVMMADistributedLayout, gl, jit, mma_v2
 
+Q8_0 = int(gguf.GGMLQuantizationType.Q8_0)
 Q4_K = int(gguf.GGMLQuantizationType.Q4_K)
 Q5_K = int(gguf.GGMLQuantizationType.Q5_K)
 Q6_K = int(gguf.GGMLQuantizationType.Q6_K)
@@ -49,8 +50,8 @@ MMA_TYPES = MMA_DECODE_TYPES
 TOKENS = 8                         # the MMA's N: routed rows (MoE) or activation rows (linear) a program multiplies
 SB_VALUES = gl.constexpr(256)      # values of a K-quant super-block
 # Q4_K: d, dmin, 12 scale bytes, 128 code bytes; Q5_K: the same with 32 high-bit bytes before the codes;
-# Q6_K: 128 bytes of low nibbles, 64 of high bits, 16 int8 scales, d
-SB_BYTES = {Q4_K: 144, Q5_K: 176, Q6_K: 210}
+# Q6_K: 128 bytes of low nibbles, 64 of high bits, 16 int8 scales, d; Q8_0: 8 blocks of (d, 32 int8 codes)
+SB_BYTES = {Q4_K: 144, Q5_K: 176, Q6_K: 210, Q8_0: 272}
 
 # Dimension orders of the two permutations (see the module docstring).  A: codes [rows, 4, 4, 4] viewed as bits
 # (row, p5, p4, p3, p2, p1, p0) of the byte p, reordered so that dimension j + 1 is bit 5 - j of the dot's k:
@@ -66,7 +67,8 @@ _MAGIC = {False: 0x4300, True: 0x6400}              # bf16 128.0, fp16 1024.0
 _ONE = {False: 0x3F80, True: 0x3C00}
 _NEG = {(False, Q4_K): 0xC300, (True, Q4_K): 0xE400,    # -128, -1024
         (False, Q5_K): 0xC300, (True, Q5_K): 0xE400,
-        (False, Q6_K): 0xC320, (True, Q6_K): 0xE420}    # -160, -1056
+        (False, Q6_K): 0xC320, (True, Q6_K): 0xE420,    # -160, -1056
+        (False, Q8_0): 0xBF80, (True, Q8_0): 0xE480}    # -1 (bf16: x - y, see _decode_asm), -1152
 
 
 def _pair(h: int) -> str:
@@ -78,8 +80,9 @@ def _decode_asm(qtype: int, fp16: bool) -> str:
     and high nibbles ($2, $3), two to a register.  Q4_K inputs: codes $4, s_lo $5 $6, -m_lo $7 $8, s_hi $9 $10,
     -m_hi $11 $12.  Q5_K: codes $4, high-bit bytes shifted so that bit 0 is the low nibble's fifth bit and bit 1 the
     high nibble's $5, then as Q4_K from $6.  Q6_K inputs: low nibbles $4, high-bit bytes shifted right by
-    2 (p >> 5) $5, s_lo $6 $7, s_hi $8 $9.  prmt spreads bytes b0 b1 (b2 b3) into the two halves of a register, lop3
-    masks a code and ors in the magic number, one FMA with 1.0 removes it (exact), one more applies the scale."""
+    2 (p >> 5) $5, s_lo $6 $7, s_hi $8 $9.  Q8_0: the int8 codes of the two halves of K ($4 -> $0 $1, $5 -> $2 $3),
+    their blocks' d ($6 $7, $8 $9).  prmt spreads bytes b0 b1 (b2 b3) into the two halves of a register, lop3 masks a
+    code and ors in the magic number, one FMA with 1.0 removes it (exact), one more applies the scale."""
     fma = "fma.rn.f16x2" if fp16 else "fma.rn.bf16x2"
     magic, one, neg = _pair(_MAGIC[fp16]), _pair(_ONE[fp16]), _pair(_NEG[(fp16, qtype)])
     lines = [".reg .b32 t0, t1, u0, u1, u2, u3, one, neg;", f"mov.b32 one, {one};", f"mov.b32 neg, {neg};",
@@ -100,6 +103,21 @@ def _decode_asm(qtype: int, fp16: bool) -> str:
                   f"lop3.b32 a0, a0, 0x00100010, {magic}, 0xEA;", f"lop3.b32 a1, a1, 0x00100010, {magic}, 0xEA;",
                   "lop3.b32 u2, t0, 0x000F000F, a0, 0xEA;", "lop3.b32 u3, t1, 0x000F000F, a1, 0xEA;"]
         scale = [("$6", "$8"), ("$7", "$9"), ("$10", "$12"), ("$11", "$13")]
+    elif qtype == Q8_0:
+        lines += ["prmt.b32 u2, $5, 0, 0x4140;", "prmt.b32 u3, $5, 0, 0x4342;", "mov.b32 u0, t0;", "mov.b32 u1, t1;"]
+        if fp16:   # 1024 + (q ^ 0x80) = 1024 + 128 + q: removed below with -1152
+            lines += [f"lop3.b32 u{j}, u{j}, 0x00800080, {magic}, 0xBE;" for j in range(4)]
+        else:      # bf16 holds 128 + 7 bits only: 128 + (q & 127) minus (128 or 256 by the sign bit) = q, exactly
+            lines += [".reg .b32 y0, y1, y2, y3;"]
+            lines += [f"lop3.b32 y{j}, u{j}, 0x00800080, {magic}, 0xEA;" for j in range(4)]
+            lines += [f"lop3.b32 u{j}, u{j}, 0x007F007F, {magic}, 0xEA;" for j in range(4)]
+        zero = _pair(0x8000)
+        lines += [f"mov.b32 t0, {zero};"]
+        scale = [("$6", "t0"), ("$7", "t0"), ("$8", "t0"), ("$9", "t0")]
+        for j, (s_reg, c_reg) in enumerate(scale):
+            remove = f"{fma} u{j}, u{j}, one, neg;" if fp16 else f"{fma} u{j}, y{j}, neg, u{j};"
+            lines += [remove, f"{fma} ${j}, u{j}, {s_reg}, {c_reg};"]
+        return "{\n" + "\n".join(lines) + "\n}"
     else:
         lines += [".reg .b32 g0, g1, a0, a1;", "prmt.b32 g0, $5, 0, 0x4140;", "prmt.b32 g1, $5, 0, 0x4342;",
                   # low nibble | (high bits 0-1 of the high-bit byte) << 4
@@ -123,6 +141,8 @@ _ASM_Q4K_FP16 = gl.constexpr(_decode_asm(Q4_K, True))
 _ASM_Q5K_BF16 = gl.constexpr(_decode_asm(Q5_K, False))
 _ASM_Q5K_FP16 = gl.constexpr(_decode_asm(Q5_K, True))
 _ASM_Q6K_BF16 = gl.constexpr(_decode_asm(Q6_K, False))
+_ASM_Q8_BF16 = gl.constexpr(_decode_asm(Q8_0, False))
+_ASM_Q8_FP16 = gl.constexpr(_decode_asm(Q8_0, True))
 _ASM_Q6K_FP16 = gl.constexpr(_decode_asm(Q6_K, True))
 
 
@@ -145,7 +165,7 @@ def layouts(num_warps: int, reps: int, qtype: int = Q4_K) -> tuple:
         reg_bases=[[0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 1, 0], [0, 0, 2, 0], [8, 0, 0, 0]] + rep_rows,
         lane_bases=[[0, 1, 0, 0], [0, 2, 0, 0], [1, 0, 0, 0], [2, 0, 0, 0], [4, 0, 0, 0]],
         warp_bases=warp_rows, block_bases=[], shape=[bn, 4, 4, 4])
-    nibble, p5 = ([0, 64], [0, 32]) if qtype == Q6_K else ([0, 32], [0, 64])
+    nibble, p5 = ([0, 64], [0, 32]) if qtype in (Q6_K, Q8_0) else ([0, 32], [0, 64])
     acts = DistributedLinearLayout(
         reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], nibble],
         lane_bases=[[0, 16], p5, [1, 0], [2, 0], [4, 0]],
@@ -218,6 +238,9 @@ def _weights(QTYPE: tl.constexpr, codes, high, a_lo, b_lo, a_hi, b_hi, BF16: tl.
                 n_hi = n_hi | ((hb & 2) << 3)
             w_lo = n_lo.to(gl.float32) * _broadcast_like(a_lo, c) + _broadcast_like(b_lo, c)
             w_hi = n_hi.to(gl.float32) * _broadcast_like(a_hi, c) + _broadcast_like(b_hi, c)
+        elif QTYPE == 8:
+            w_lo = codes.to(gl.int8, bitcast=True).to(gl.float32) * _broadcast_like(a_lo, c)
+            w_hi = high.to(gl.int8, bitcast=True).to(gl.float32) * _broadcast_like(a_hi, c)
         else:
             hb = high.to(gl.int32)
             q_lo = ((c & 15) | ((hb & 3) << 4)) - 32
@@ -245,7 +268,12 @@ def _weights(QTYPE: tl.constexpr, codes, high, a_lo, b_lo, a_hi, b_hi, BF16: tl.
         else:
             args = [codes, high, _broadcast_like(a_lo, codes), _broadcast_like(a_hi, codes)]
             cons: tl.constexpr = "=r,=r,=r,=r,r,r,r,r,r,r"
-            if BF16:
+            if QTYPE == 8:
+                if BF16:
+                    asm: tl.constexpr = _ASM_Q8_BF16
+                else:
+                    asm: tl.constexpr = _ASM_Q8_FP16
+            elif BF16:
                 asm: tl.constexpr = _ASM_Q6K_BF16
             else:
                 asm: tl.constexpr = _ASM_Q6K_FP16
@@ -258,7 +286,7 @@ def _half_dot(acc, w_lo, w_hi, xt, QTYPE: tl.constexpr, BN: tl.constexpr, ACC: t
     activations xt [8, 128] (value v of the half at column v), in the permuted K order of the module docstring."""
     A_DOT: tl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
     B_DOT: tl.constexpr = gl.DotOperandLayout(operand_index=1, parent=ACC, k_width=2)
-    if QTYPE == 14:
+    if QTYPE == 14 or QTYPE == 8:
         xb = gl.permute(gl.reshape(xt, [8, 2, 2, 2, 2, 2, 2, 2]), X_ORDER_Q6K.value)
     else:
         xb = gl.permute(gl.reshape(xt, [8, 2, 2, 2, 2, 2, 2, 2]), X_ORDER_Q4K.value)
@@ -308,6 +336,16 @@ def _load_half(QTYPE: tl.constexpr, rowp, slot, word, act_p, x_ok, sb, HF: tl.co
         h2 = gl.convert_layout(h2, LSLOT, assert_trivial=True)
         h3 = gl.convert_layout(h3, LSLOT, assert_trivial=True)
         return codes, h0, h1, h2, h3, high, xt
+    elif QTYPE == 8:
+        # values 64 j + p of the half (j = 0, 1) are code 2 + (p & 31) of block 4 HF + 2 j + p5: 2-byte aligned
+        base = rowp + sb * 272 + 34 * (4 * HF + slot // 2)                   # the block of j = 0, [BN, 4]
+        cp = (gl.expand_dims(base + 2 + 16 * (slot % 2), 2) + gl.expand_dims(gl.expand_dims(4 * word, 0), 1)
+              ).to(gl.pointer_type(gl.int16))
+        c0 = (gl.load(cp).to(gl.int32) & 0xFFFF) | (gl.load(cp + 1).to(gl.int32) << 16)
+        c1 = (gl.load(cp + 34).to(gl.int32) & 0xFFFF) | (gl.load(cp + 35).to(gl.int32) << 16)   # 2 blocks on
+        d0 = gl.load(base.to(gl.pointer_type(gl.int16)))
+        d1 = gl.load((base + 68).to(gl.pointer_type(gl.int16)))
+        return c0, c1, d0, d1, d0, c0, xt
     else:
         base = rowp + sb * 210                                          # 2-byte aligned blocks: 16-bit loads
         ql = (gl.expand_dims(base + 64 * HF + 16 * slot, 2) + gl.expand_dims(gl.expand_dims(4 * word, 0), 1)
@@ -333,6 +371,14 @@ def _consume_half(acc, QTYPE: tl.constexpr, stage, slot, HF: tl.constexpr, BN: t
         else:
             high = w5
         w_lo, w_hi = _weights(QTYPE, _bytes(w0, L4), _bytes(high, L4), a_lo, b_lo, a_hi, b_hi, BF16)
+    elif QTYPE == 8:
+        if BF16:
+            dt: tl.constexpr = gl.bfloat16
+        else:
+            dt: tl.constexpr = gl.float16
+        a_lo = w2.to(gl.float16, bitcast=True).to(dt)
+        a_hi = w3.to(gl.float16, bitcast=True).to(dt)
+        w_lo, w_hi = _weights(QTYPE, _bytes(w0, L4), _bytes(w1, L4), a_lo, a_lo, a_hi, a_hi, BF16)
     else:
         if BF16:
             dt: tl.constexpr = gl.bfloat16
@@ -438,7 +484,7 @@ def covers(qtype: int, k: int, dtype) -> bool:
     return int(qtype) in MMA_TYPES and k % SB_VALUES.value == 0 and dtype in (torch.bfloat16, torch.float16)
 
 
-ROW_ALIGN = {Q4_K: 4, Q5_K: 4, Q6_K: 2}  # bytes: Q4_K/Q5_K rows are read as int32 words, Q6_K's as int16
+ROW_ALIGN = {Q4_K: 4, Q5_K: 4, Q6_K: 2, Q8_0: 2}  # bytes: Q4_K/Q5_K rows are read as int32 words, the others int16
 
 
 def aligned(w, qtype: int) -> bool:

@@ -1,8 +1,8 @@
-"""The register-MMA decode kernels (kernels/gguf_mma.py, Gluon: Q4_K, Q5_K, Q6_K) compiled on a real GPU, against
+"""The register-MMA decode kernels (kernels/gguf_mma.py, Gluon: Q4_K, Q5_K, Q6_K, Q8_0) compiled on a real GPU, against
 float64 on the ``gguf`` package's dequantization.
 
 Bound (elementwise, derived in kernels/gguf_mma.py): each weight is off by at most u (|s n| + |m| + |w|) (Q4_K,
-Q5_K) or 2 u |w| (Q6_K) with u the activation dtype's unit roundoff (bf16 2**-8, fp16 2**-11), the float32 sums by
+Q5_K) or 2 u |w| (Q6_K, Q8_0) with u the activation dtype's unit roundoff (bf16 2**-8, fp16 2**-11), the float32 sums by
 K 2**-24 sum |x w|, the output by its own rounding u |out| (gguf_matmul_reference.mma_error_bound).  The MoE rounds
 SiLU(gate)*up and the top-k terms once more: relative Frobenius error within 8u there (the weights' 2-3 roundings,
 the intermediate's, the output's).  A wrong permutation, scale or routing is off by O(1).
@@ -22,7 +22,7 @@ def _mods():
     return gm, ref, mma
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K", "Q8_0"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_linear_within_bound(name, dtype):
     gm, ref, mma = _mods()
@@ -43,7 +43,7 @@ def test_linear_within_bound(name, dtype):
 
 
 @pytest.mark.parametrize("types", [("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q6_K", "Q4_K"), ("Q4_K", "Q8_0"),
-                                   ("Q5_K", "Q5_K")])
+                                   ("Q5_K", "Q5_K"), ("Q4_K", "Q2_K"), ("Q3_K", "Q6_K")])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_moe_decode(types, dtype):
     gm, ref, mma = _mods()

@@ -1,14 +1,15 @@
-"""The register-MMA decode kernels (kernels/gguf_mma.py: Q4_K, Q5_K, Q6_K) under the Triton interpreter, against float64
-on the ``gguf`` package's dequantization.
+"""The register-MMA decode kernels (kernels/gguf_mma.py: Q4_K, Q5_K, Q6_K, Q8_0) under the Triton interpreter,
+against float64 on the ``gguf`` package's dequantization.
 
 The interpreter runs the Gluon source through kernels/gluon_compat (layouts ignored: they never change a result)
 with the PTX replaced by the same arithmetic, so these tests check the permuted K order, the scale decode, the
-splits and the routing; the layouts are checked by the offline compiles (test_compile_targets_gguf_matmul) and the
-numbers again on the GPU (tests/gpu/test_gguf_mma_gpu.py).  fp16 only (the interpreter's bf16 dot is wrong).
+splits and the routing; the layouts are checked by the offline compiles (test_compile_targets_gguf_matmul), the PTX
+by tests/kernels/test_mma_asm.py, the numbers again on the GPU (tests/gpu/test_gguf_mma_gpu.py).  fp16 only (the
+interpreter's bf16 dot is wrong).
 
-Bound, elementwise: each weight is off by at most u (|s n| + |m| + |w|) (Q4_K, Q5_K) or 2 u |w| (Q6_K) (u = 2**-11,
-fp16's unit roundoff: s and m rounded, then w), the float32 sums by K 2**-24 sum |x w|, the fp16 output by u |out|
-(gguf_matmul_reference.mma_error_bound).  A wrong permutation or scale is off by O(|out|), far outside it.
+Bound, elementwise: each weight is off by at most u (|s n| + |m| + |w|) (Q4_K, Q5_K) or 2 u |w| (Q6_K, Q8_0)
+(u = 2**-11, fp16's unit roundoff: s and m rounded, then w), the float32 sums by K 2**-24 sum |x w|, the fp16 output
+by u |out| (gguf_matmul_reference.mma_error_bound).  A wrong permutation or scale is off by O(|out|), far outside it.
 """
 import pytest
 import torch
@@ -51,7 +52,7 @@ def test_permuted_k_orders_pair_every_code_with_its_activation():
             assert (v_of_k[:, nib] == value(nib)).all(), order
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K", "Q8_0"])
 @pytest.mark.parametrize("blocks", ["random", "quantizer"])
 def test_linear_within_bound(name, blocks):
     qtype = getattr(gm, name)
@@ -86,7 +87,7 @@ def test_linear_dispatch_follows_the_switch(monkeypatch):
 
 
 @pytest.mark.parametrize("types", [("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q6_K", "Q8_0"), ("Q8_0", "Q4_K"),
-                                   ("Q5_K", "Q5_K")])
+                                   ("Q5_K", "Q5_K"), ("Q4_K", "Q2_K"), ("Q3_K", "Q6_K")])
 def test_moe_decode(types):
     """Both passes on the register-MMA kernels, or one of them (the other on the tile kernel with its own
     routing layout); one expert hot or routings spread; float64 reference."""
@@ -109,10 +110,11 @@ def test_moe_decode(types):
         assert rel <= 4e-3, (types, t, hot, rel)
 
 
-def test_covers_q4k_q6k_in_16_bit_activations_on_aligned_rows():
+def test_covers_its_types_in_16_bit_activations_on_aligned_rows():
     assert mma.covers(mma.Q4_K, 6144, torch.bfloat16) and mma.covers(mma.Q6_K, 256, torch.float16)
     assert not mma.covers(mma.Q4_K, 6144, torch.float32)
-    assert mma.covers(mma.Q5_K, 6144, torch.bfloat16) and not mma.covers(gm.Q8_0, 6144, torch.bfloat16)
+    assert mma.covers(mma.Q5_K, 6144, torch.bfloat16) and mma.covers(mma.Q8_0, 6144, torch.bfloat16)
+    assert not mma.covers(gm.Q2_K, 6144, torch.bfloat16)
     assert not mma.covers(mma.Q4_K, 384, torch.bfloat16)
     padded = torch.zeros(4, 146, dtype=torch.uint8)      # a merged weight padded to 146 bytes a row
     assert not mma.aligned(padded[:, :144], mma.Q4_K) and mma.aligned(padded[:, :144], mma.Q6_K)

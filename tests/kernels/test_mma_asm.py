@@ -75,7 +75,7 @@ def _pairs(rng, n, fp16, **kw):
 
 
 @pytest.mark.parametrize("fp16", [False, True], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K", "Q8_0"])
 def test_decode_ptx_gives_every_weight_bit_for_bit(name, fp16):
     qtype = getattr(mma, name)
     rng = np.random.default_rng(qtype + 2 * fp16)
@@ -93,7 +93,7 @@ def test_decode_ptx_gives_every_weight_bit_for_bit(name, fp16):
     elif qtype == mma.Q5_K:
         regs = {"$4": codes, "$5": high, "$6": s[0], "$7": s[1], "$8": neg_m[0], "$9": neg_m[1], "$10": s[2],
                 "$11": s[3], "$12": neg_m[2], "$13": neg_m[3]}
-    else:
+    else:   # Q6_K: low nibbles and high bits; Q8_0: the codes of the two halves of K ($5 = the second's)
         regs = {"$4": codes, "$5": high, "$6": s[0], "$7": s[1], "$8": s[2], "$9": s[3]}
     out = run(mma._decode_asm(qtype, fp16), regs, fp16)
     for reg, nibble, pair in (("$0", 0, 0), ("$1", 0, 1), ("$2", 1, 0), ("$3", 1, 1)):
@@ -104,7 +104,10 @@ def test_decode_ptx_gives_every_weight_bit_for_bit(name, fp16):
             hb = (high >> np.uint32(8 * k)) & np.uint32(0xFF)
             code = (b >> np.uint32(4)) if nibble else (b & np.uint32(15))
             sc = _value((s[2 * nibble + pair] >> sh) & np.uint32(0xFFFF), fp16)
-            if qtype == mma.Q6_K:   # low nibble + high bits 0-1, high nibble + high bits 4-5; q - 32
+            if qtype == mma.Q8_0:   # int8 codes: output 0/1 from $4's bytes, 2/3 from $5's
+                src = b if nibble == 0 else hb
+                want = sc * np.where(src >= 128, src.astype(np.float64) - 256, src.astype(np.float64))
+            elif qtype == mma.Q6_K:   # low nibble + high bits 0-1, high nibble + high bits 4-5; q - 32
                 top = (hb >> np.uint32(4 * nibble)) & np.uint32(3)
                 want = sc * ((code | (top << np.uint32(4))).astype(np.float64) - 32)
             else:
