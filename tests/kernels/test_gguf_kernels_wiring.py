@@ -112,7 +112,7 @@ def test_few_rows_and_uncovered_types_reach_vllms_kernels(patched, monkeypatch):
 
 def test_register_mma_decode_takes_the_rows_vllms_vector_kernel_had(patched, monkeypatch):
     """GLM5_SHIM_GGUF_DECODE=mma: a 2-row fp16 Q4_K linear (a padded shard view) runs on the register-MMA kernel,
-    not vLLM's vector kernel, and reads the shard in place; other types keep the vector kernel."""
+    not vLLM's vector kernel, and reads the shard in place; a type it lacks keeps the vector kernel."""
     from glm5_shim.kernels import gguf_mma
     from glm5_shim.matmul import gguf_ops
 
@@ -132,8 +132,8 @@ def test_register_mma_decode_takes_the_rows_vllms_vector_kernel_had(patched, mon
     assert launched == [(8, 304)] and not seen
     want = ref.linear_reference(x, w, gm.Q4_K)
     assert ((got.double() - want).norm() / want.norm()).item() < 3e-3
-    gguf_ops._linear_op(x, torch.zeros(8, 420, dtype=torch.uint8), gm.Q6_K, 8)
-    assert seen == [gm.Q6_K]
+    gguf_ops._linear_op(x, torch.zeros(8, 168, dtype=torch.uint8), gm.Q2_K, 8)   # no register-MMA kernel
+    assert seen == [gm.Q2_K]
 
 
 def test_vllms_moe_method_runs_on_the_shim_kernels(patched):
