@@ -25,7 +25,24 @@ Block layouts (``gguf.GGML_QUANT_SIZES``; checked against the ``gguf`` package's
 * IQ4_NL, 18 B / 32: fp16 d, 16 B of nibbles indexing 16 fixed int8 values;  w = d*value
 * IQ4_XS, 136 B / 256: fp16 d, 2 B high and 4 B low bits of 8 6-bit scales, 128 B of nibbles as IQ4_NL's;
                      w = d*(sc - 32)*value
-(Q2_K, Q3_K, IQ4_XS, IQ4_NL: kernel_coverage.KERNEL_TYPES_AWAITING_GPU — tested in the interpreter, not yet served.)
+* IQ2_XXS, 66 B / 256: fp16 d, then per 32 values 4 grid-index bytes (8 values each) and a 32-bit word: 4 x 7-bit
+                     sign indexes and a 4-bit scale s;  w = d*(0.5 + s)/4 * grid value * sign
+* IQ2_XS, 74 B / 256: fp16 d, 32 16-bit words (9-bit index into a 512-entry grid, 7-bit sign index), 8 scale
+                     bytes (one nibble per 16 values);  w = d*(0.5 + s)/4 * grid value * sign
+* IQ2_S, 82 B / 256: fp16 d, 32 grid-index low bytes, 32 sign bytes, 8 bytes of 2 high index bits each (1024-entry
+                     grid), 8 scale bytes (a nibble per 16 values);  w = d*(0.5 + s)/4 * grid value * sign
+* IQ3_XXS, 98 B / 256: fp16 d, 64 grid-index bytes (4 values each), per 32 values a 32-bit word as IQ2_XXS's;
+                     w = d*(0.5 + s)/2 * grid value * sign
+* IQ3_S, 110 B / 256: fp16 d, 64 grid-index low bytes, 8 bytes of high index bits (512-entry grid), 32 sign
+                     bytes, 4 scale bytes (a nibble per 32 values);  w = d*(1 + 2 s) * grid value * sign
+* IQ1_S, 50 B / 256: fp16 d, 32 grid-index low bytes, per 32 values a 16-bit word: 3 high index bits per row of 8
+                     (2048-entry grid of -1, 0, 1), a 3-bit scale s, the sign of delta;  w = d*(2 s + 1)*(v +- 1/8)
+* IQ1_M, 56 B / 256: 32 index low bytes, 16 bytes of a nibble per row (3 index bits, delta's sign), 4 16-bit words
+                     of 3-bit scales per 16 values whose top nibbles make fp16 d;  w = d*(2 s + 1)*(v +- 1/8)
+The IQ1/IQ2/IQ3 grids are gguf.quants' own tables (grid_table), held on the device as level numbers; a 7-bit sign
+index stands for the byte of those 7 bits plus an 8th that makes the parity even (llama.cpp's ksigns).
+(kernel_coverage.KERNEL_TYPES_AWAITING_GPU — Q2_K, Q3_K, IQ4_XS, IQ4_NL and the IQ2/IQ3 types: tested in the
+interpreter, not yet served.)
 
 Two kernels share that step: :func:`_linear_kernel` (x @ W.T, optionally split over K for decode-sized M) and
 :func:`_moe_kernel` (rows grouped by expert with the usual (sorted ids, expert of each block, padded count)
@@ -54,6 +71,13 @@ Q2_K = int(gguf.GGMLQuantizationType.Q2_K)
 Q3_K = int(gguf.GGMLQuantizationType.Q3_K)
 IQ4_NL = int(gguf.GGMLQuantizationType.IQ4_NL)
 IQ4_XS = int(gguf.GGMLQuantizationType.IQ4_XS)
+IQ2_XXS = int(gguf.GGMLQuantizationType.IQ2_XXS)
+IQ2_XS = int(gguf.GGMLQuantizationType.IQ2_XS)
+IQ2_S = int(gguf.GGMLQuantizationType.IQ2_S)
+IQ3_XXS = int(gguf.GGMLQuantizationType.IQ3_XXS)
+IQ3_S = int(gguf.GGMLQuantizationType.IQ3_S)
+IQ1_S = int(gguf.GGMLQuantizationType.IQ1_S)
+IQ1_M = int(gguf.GGMLQuantizationType.IQ1_M)
 SUPPORTED_TYPES = SHIM_KERNEL_TYPES + KERNEL_TYPES_AWAITING_GPU  # what the kernels read (serving: kernel_coverage)
 _INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")  # the PTX helpers need a GPU
 STEP_K = 128  # values of K each program decodes per step (half a K-quant super-block, four Q8_0 blocks)
@@ -78,6 +102,8 @@ def row_bytes(qtype: int, k: int) -> int:
 # bytes of two 64-bit words (codes 0-7, 8-15) so the lookup is a shift of a constant, not a memory access.
 _IQ4_VALUES_LO = tl.constexpr(0xF6EADDCFBFAD9881 - (1 << 64))  # as int64
 _IQ4_VALUES_HI = tl.constexpr(0x7159453526190D01)
+# IQ1_S / IQ1_M: a row of the -1/0/1 grid is shifted by +-delta (gguf.quants' value: 1/8)
+IQ1_DELTA = tl.constexpr(float(gguf.quants.IQ1_S.delta))
 
 
 @triton.jit
@@ -86,6 +112,50 @@ def _iq4_values(q):
     word = tl.where(q < 8, _IQ4_VALUES_LO, _IQ4_VALUES_HI)
     byte = ((word >> (8 * (q & 7)).to(tl.int64)) & 0xFF).to(tl.int32)   # the value's two's-complement byte
     return ((byte ^ 0x80) | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0
+
+
+@triton.jit
+def _bits8(byte):
+    """[BN, 4, 4] int32 bytes -> their 8 bits [BN, 4, 4, 8], lowest first (IQ sign bits: 1 is negative)."""
+    return (byte[:, :, :, None] >> tl.arange(0, 8)[None, None, None, :]) & 1
+
+
+@triton.jit
+def _ksign_bits(index):
+    """[BN, 4, 4] 7-bit sign indexes -> 8 sign bits [BN, 4, 4, 8]: the 7 bits and an 8th making the parity even."""
+    p = index ^ (index >> 4)
+    p = p ^ (p >> 2)
+    p = p ^ (p >> 1)
+    return _bits8(index | ((p & 1) << 7))
+
+
+@triton.jit
+def _grid_rows(grid_ptr, index, QTYPE: tl.constexpr):
+    """[BN, 4, c] int32 grid indexes -> their grid rows as float32 [BN, 4, c, 8 (IQ2) or 4 (IQ3)].  A row is one
+    32-bit word of level numbers (grid_table: 2 bits a value for IQ2, 3 for IQ3), so the gather stays small (a
+    float32 row gather was staged through 64 KiB of shared memory by the pipeliner); levels to values by
+    arithmetic on GRID_LEVELS: IQ2 8, 25, 43 = 8 + 17 c + c // 2; IQ3_XXS 4 + 8 c, but 62 for c = 7; IQ3_S 1 + 2 c."""
+    row = tl.load(grid_ptr + index)
+    if QTYPE == 19 or QTYPE == 29:  # IQ1: -1, 0, 1 = c - 1
+        c = (row[:, :, :, None] >> (2 * tl.arange(0, 8))[None, None, None, :]) & 3
+        return (c | 0x4B000000).to(tl.float32, bitcast=True) - 8388609.0
+    if QTYPE == 18 or QTYPE == 21:
+        c = (row[:, :, :, None] >> (3 * tl.arange(0, 4))[None, None, None, :]) & 7
+        if QTYPE == 18:
+            v = 4 + 8 * c + 2 * ((c + 1) >> 3)
+        else:
+            v = 1 + 2 * c
+    else:
+        c = (row[:, :, :, None] >> (2 * tl.arange(0, 8))[None, None, None, :]) & 3
+        v = 8 + 17 * c + (c >> 1)
+    return (v | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0  # the integer, no conversion instruction
+
+
+@triton.jit
+def _word32(pairs):
+    """[BN, 4, 2] int16 halves (rows only 2-byte aligned) -> [BN, 4] int32 words."""
+    lo, hi = tl.split(pairs)
+    return (lo.to(tl.int32) & 0xFFFF) | (hi.to(tl.int32) << 16)
 
 
 @triton.jit
@@ -130,6 +200,69 @@ def _load_step(wp, i, QTYPE: tl.constexpr):
         dh = tl.load(sbp.to(tl.pointer_type(tl.int16))[:, None] + tl.arange(0, 2)[None, :])  # [BN, 2]: d, scales_h
         sl = tl.load(sbp[:, None] + 4 + 2 * hf + tl.arange(0, 2)[None, :])                  # [BN, 2]
         return dh, q, sl, sl
+    elif QTYPE == 16:  # IQ2_XXS: half a 66-byte super-block: 4 x (4 grid-index bytes, a 32-bit sign/scale word)
+        sbp = wp + (i // 2) * 66
+        gp = sbp[:, None] + 2 + 32 * (i % 2) + 8 * tl.arange(0, 4)[None, :]                 # [BN, 4]
+        idx = tl.load(gp[:, :, None] + tl.arange(0, 4)[None, None, :])                      # [BN, 4, 4]
+        word = tl.load((gp + 4).to(tl.pointer_type(tl.int16))[:, :, None] + tl.arange(0, 2)[None, None, :])
+        d = tl.load(sbp.to(tl.pointer_type(tl.int16)))                                      # [BN]
+        return d, idx, word, word
+    elif QTYPE == 17:  # IQ2_XS: half a 74-byte super-block: 16 index/sign words, 4 scale bytes
+        sbp = wp + (i // 2) * 74
+        hf = i % 2
+        q = tl.load((sbp + 2 + 32 * hf).to(tl.pointer_type(tl.int16))[:, None, None]
+                    + 4 * tl.arange(0, 4)[None, :, None] + tl.arange(0, 4)[None, None, :])   # [BN, 4, 4]
+        sc = tl.load(sbp[:, None] + 66 + 4 * hf + tl.arange(0, 4)[None, :])                 # [BN, 4]
+        d = tl.load(sbp.to(tl.pointer_type(tl.int16)))
+        return d, q, sc, sc
+    elif QTYPE == 22:  # IQ2_S: half an 82-byte super-block: 16 index low bytes, 16 sign bytes, 4 qh, 4 scales
+        sbp = wp + (i // 2) * 82
+        hf = i % 2
+        g = tl.arange(0, 4)[None, :, None]
+        off = sbp[:, None, None] + 16 * hf + 4 * g + tl.arange(0, 4)[None, None, :]         # [BN, 4, 4]
+        lo = tl.load(off + 2)
+        sg = tl.load(off + 34)
+        hs = tl.load(sbp[:, None, None] + 66 + 4 * hf + g + 8 * tl.arange(0, 2)[None, None, :])  # [BN, 4, 2]: qh, sc
+        d = tl.load(sbp.to(tl.pointer_type(tl.int16)))
+        return d, lo, sg, hs
+    elif QTYPE == 18:  # IQ3_XXS: half a 98-byte super-block: 32 grid-index bytes, 4 sign/scale words
+        sbp = wp + (i // 2) * 98
+        hf = i % 2
+        g = tl.arange(0, 4)[None, :, None]
+        idx = tl.load(sbp[:, None, None] + 2 + 32 * hf + 8 * g + tl.arange(0, 8)[None, None, :])  # [BN, 4, 8]
+        word = tl.load((sbp + 66 + 16 * hf).to(tl.pointer_type(tl.int16))[:, None, None] + 2 * g
+                       + tl.arange(0, 2)[None, None, :])                                    # [BN, 4, 2]
+        d = tl.load(sbp.to(tl.pointer_type(tl.int16)))
+        return d, idx, word, word
+    elif QTYPE == 21:  # IQ3_S: half a 110-byte super-block: 32 index low bytes, 4 qh, 16 sign bytes, 2 scales
+        sbp = wp + (i // 2) * 110
+        hf = i % 2
+        g = tl.arange(0, 4)[None, :, None]
+        idx = tl.load(sbp[:, None, None] + 2 + 32 * hf + 8 * g + tl.arange(0, 8)[None, None, :])  # [BN, 4, 8]
+        sg = tl.load(sbp[:, None, None] + 74 + 16 * hf + 4 * g + tl.arange(0, 4)[None, None, :])  # [BN, 4, 4]
+        which = tl.arange(0, 2)[None, None, :]
+        hs = tl.load(sbp[:, None, None] + tl.where(which == 0, 66 + 4 * hf + g, 106 + 2 * hf + g // 2))  # qh, sc
+        d = tl.load(sbp.to(tl.pointer_type(tl.int16)))
+        return d, idx, sg, hs
+    elif QTYPE == 19:  # IQ1_S: half a 50-byte super-block: 16 grid-index low bytes, 4 16-bit high/scale words
+        sbp = wp + (i // 2) * 50
+        hf = i % 2
+        lo = tl.load(sbp[:, None, None] + 2 + 16 * hf + 4 * tl.arange(0, 4)[None, :, None]
+                     + tl.arange(0, 4)[None, None, :])                                      # [BN, 4, 4]
+        qh = tl.load((sbp + 34 + 8 * hf).to(tl.pointer_type(tl.int16))[:, None] + tl.arange(0, 4)[None, :])
+        d = tl.load(sbp.to(tl.pointer_type(tl.int16)))
+        return d, lo, qh, qh
+    elif QTYPE == 29:  # IQ1_M: half a 56-byte super-block: 16 index low bytes, 8 qh bytes, the 4 scale words
+        sbp = wp + (i // 2) * 56
+        hf = i % 2
+        g = tl.arange(0, 4)[None, :, None]
+        ll = tl.arange(0, 4)[None, None, :]
+        lo = tl.load(sbp[:, None, None] + 16 * hf + 4 * g + ll)                              # [BN, 4, 4]
+        qh = tl.load(sbp[:, None, None] + 32 + 8 * hf + 2 * g + ll // 2)                     # row l's byte
+        wp16 = (sbp + 48).to(tl.pointer_type(tl.int16))[:, None]
+        words = tl.load(wp16 + tl.arange(0, 4)[None, :])                                   # [BN, 4]: d's nibbles
+        scw = tl.load(wp16 + 2 * hf + tl.arange(0, 4)[None, :] // 2)                       # group g's scale word
+        return words, lo, qh, scw
     elif QTYPE == 11:  # Q3_K: half a 110-byte super-block (2-byte aligned rows: byte loads)
         sbp = wp + (i // 2) * 110
         hf = i % 2
@@ -233,9 +366,79 @@ def _nibbles(codes, qh, shift, BF16: tl.constexpr, Q5: tl.constexpr):
 
 
 @triton.jit
-def _decode_step(raw, i, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The loads of :func:`_load_step` as float32 weights [BLOCK_N, 128] in natural k order."""
-    if QTYPE == 8:
+def _decode_step(raw, i, grid_ptr, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The loads of :func:`_load_step` as float32 weights [BLOCK_N, 128] in natural k order (``grid_ptr``: the
+    type's grid table for IQ2/IQ3 types, unread otherwise)."""
+    if QTYPE == 16 or QTYPE == 18:
+        # IQ2_XXS / IQ3_XXS: group g of 32 values = 4 sign groups l of 8; its word holds sign index l at bits 7 l and
+        # the scale s at bits 28-31; IQ2_XXS: 4 grid rows of 8 values, IQ3_XXS: 8 rows of 4
+        d, idx, pairs, _ = raw
+        word = _word32(pairs)                                                                # [BN, 4]
+        half_s = ((word >> 28) & 15).to(tl.float32) + 0.5
+        db = d.to(tl.float16, bitcast=True).to(tl.float32)[:, None] * (half_s * (0.25 if QTYPE == 16 else 0.5))
+        signs = _ksign_bits((word[:, :, None] >> (7 * tl.arange(0, 4))[None, None, :]) & 127)  # [BN, 4, 4, 8]
+        v = tl.reshape(_grid_rows(grid_ptr, idx.to(tl.int32), QTYPE), (BLOCK_N, 4, 4, 8))
+        w = tl.where(signs != 0, -v, v) * db[:, :, None, None]
+    elif QTYPE == 17:
+        # IQ2_XS: word l of group g: grid row (low 9 bits) and sign index (high 7); scale nibble l // 2 of byte g
+        d, q, sc, _ = raw
+        qi = q.to(tl.int32) & 0xFFFF
+        signs = _ksign_bits(qi >> 9)
+        v = _grid_rows(grid_ptr, qi & 511, QTYPE)                                            # [BN, 4, 4, 8]
+        nib = (sc.to(tl.int32)[:, :, None] >> (4 * (tl.arange(0, 4) // 2))[None, None, :]) & 15
+        db = d.to(tl.float16, bitcast=True).to(tl.float32)[:, None, None] * ((nib.to(tl.float32) + 0.5) * 0.25)
+        w = tl.where(signs != 0, -v, v) * db[:, :, :, None]
+    elif QTYPE == 22:
+        # IQ2_S: row l of group g: low byte l | bits 2l..2l+1 of qh byte g << 8; sign byte l; scale nibble l // 2
+        d, lo, sg, hs = raw
+        qh, sc = tl.split(hs)
+        ll = tl.arange(0, 4)[None, None, :]
+        idx = lo.to(tl.int32) | (((qh.to(tl.int32)[:, :, None] >> (2 * ll)) & 3) << 8)
+        v = _grid_rows(grid_ptr, idx, QTYPE)                                                 # [BN, 4, 4, 8]
+        signs = _bits8(sg.to(tl.int32))
+        nib = (sc.to(tl.int32)[:, :, None] >> (4 * (ll // 2))) & 15
+        db = d.to(tl.float16, bitcast=True).to(tl.float32)[:, None, None] * ((nib.to(tl.float32) + 0.5) * 0.25)
+        w = tl.where(signs != 0, -v, v) * db[:, :, :, None]
+    elif QTYPE == 21:
+        # IQ3_S: row m of group g: low byte m | bit m of qh byte g << 8 (4 values); sign byte l covers rows 2l, 2l + 1;
+        # scale nibble g % 2 of byte g // 2, w = d (1 + 2 s) v
+        d, idx, sg, hs = raw
+        qh, sc = tl.split(hs)
+        m = tl.arange(0, 8)[None, None, :]
+        full = idx.to(tl.int32) | (((qh.to(tl.int32)[:, :, None] >> m) & 1) << 8)           # [BN, 4, 8]
+        v = tl.reshape(_grid_rows(grid_ptr, full, QTYPE), (BLOCK_N, 4, 4, 8))
+        signs = _bits8(sg.to(tl.int32))
+        nib = (sc.to(tl.int32) >> (4 * (tl.arange(0, 4) % 2))[None, :]) & 15                # [BN, 4]
+        db = d.to(tl.float16, bitcast=True).to(tl.float32)[:, None] * (1 + 2 * nib).to(tl.float32)
+        w = tl.where(signs != 0, -v, v) * db[:, :, None, None]
+    elif QTYPE == 19:
+        # IQ1_S: row l of group g: low byte l | bits 3l..3l+2 of word g << 8; word bits 12-14: scale s, bit 15: the
+        # sign of delta; w = d (2 s + 1) (v + delta)
+        d, lo, qh, _ = raw
+        hw = qh.to(tl.int32) & 0xFFFF                                                        # [BN, 4]
+        idx = lo.to(tl.int32) | (((hw[:, :, None] >> (3 * tl.arange(0, 4))[None, None, :]) & 7) << 8)
+        v = _grid_rows(grid_ptr, idx, QTYPE)                                                 # [BN, 4, 4, 8]
+        delta = tl.where((hw & 0x8000) != 0, -IQ1_DELTA, IQ1_DELTA)
+        dl = d.to(tl.float16, bitcast=True).to(tl.float32)[:, None] * (2 * ((hw >> 12) & 7) + 1).to(tl.float32)
+        w = dl[:, :, None, None] * (v + delta[:, :, None, None])
+    elif QTYPE == 29:
+        # IQ1_M: row l of group g (ib = 4 hf + g): low byte l | low 3 bits of its nibble (nibble l % 2 of qh byte
+        # 2 ib + l // 2) << 8, nibble bit 3: delta's sign; its scale: number 2 ib + l // 2 of the 16 3-bit scales,
+        # bits 3 t of word 2 hf + g // 2 with t = (2 g + l // 2) % 4; d: the top nibbles of the words, first lowest
+        words, lo, qh, scw = raw
+        wi = words.to(tl.int32) & 0xFFFF                                                     # [BN, 4]
+        dbits = tl.sum(((wi >> 12) & 15) << (4 * tl.arange(0, 4))[None, :], axis=1)
+        d = dbits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)                  # [BN]
+        g = tl.arange(0, 4)[None, :, None]
+        ll = tl.arange(0, 4)[None, None, :]
+        nib = (qh.to(tl.int32) >> (4 * (ll % 2))) & 15                                       # [BN, 4, 4]
+        idx = lo.to(tl.int32) | ((nib & 7) << 8)
+        v = _grid_rows(grid_ptr, idx, QTYPE)
+        delta = tl.where((nib & 8) != 0, -IQ1_DELTA, IQ1_DELTA)
+        sc = ((scw.to(tl.int32)[:, :, None] & 0xFFFF) >> (3 * ((2 * g + ll // 2) % 4))) & 7  # [BN, 4, 4]
+        dl = d[:, None, None] * (2 * sc + 1).to(tl.float32)
+        w = dl[:, :, :, None] * (v + delta[:, :, :, None])
+    elif QTYPE == 8:
         d, q, _, _ = raw
         # int8 q -> float32 without a conversion instruction: the bits 0x4B000000 | (q + 128) are 2**23 + q + 128
         qf = ((q.to(tl.int32) ^ 0x80) | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0
@@ -306,10 +509,10 @@ def _decode_step(raw, i, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _weight_tile(wp, i, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
+def _weight_tile(wp, i, grid_ptr, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
     """Values k in [128 i, 128 i + 128) of BLOCK_N weight rows whose first bytes are at ``wp`` ([BLOCK_N] uint8
     pointers), as float32 [BLOCK_N, 128] in natural k order."""
-    return _decode_step(_load_step(wp, i, QTYPE), i, QTYPE, BLOCK_N)
+    return _decode_step(_load_step(wp, i, QTYPE), i, grid_ptr, QTYPE, BLOCK_N)
 
 
 @triton.jit
@@ -430,7 +633,7 @@ def _q45_step(acc, xp, m_ok, wp, i, QTYPE: tl.constexpr, BF16: tl.constexpr, F32
 
 
 @triton.jit
-def _linear_kernel(x_ptr, w_ptr, out_ptr, M, N, stride_xm, stride_wn, stride_os, stride_om, steps_per_split,
+def _linear_kernel(x_ptr, w_ptr, grid_ptr, out_ptr, M, N, stride_xm, stride_wn, stride_os, stride_om, steps_per_split,
                    num_steps, QTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    DOT_PRECISION: tl.constexpr):
     """out[s, m, n] = sum over the K steps of split s of x[m, k] * W[n, k]  (one split: out is x @ W.T)."""
@@ -456,7 +659,7 @@ def _linear_kernel(x_ptr, w_ptr, out_ptr, M, N, stride_xm, stride_wn, stride_os,
         for i in range(first, last):
             nxt = _load_step(wp, tl.minimum(i + 1, last - 1), QTYPE)  # step i + 1's loads in flight while i decodes
             a = tl.load(xp + i * 128, mask=m_ok[:, None], other=0.0)
-            w = _decode_step(raw, i, QTYPE, BLOCK_N).to(a.dtype)
+            w = _decode_step(raw, i, grid_ptr, QTYPE, BLOCK_N).to(a.dtype)
             acc = tl.dot(a, tl.trans(w), acc, input_precision=DOT_PRECISION)
             raw = nxt
     op = out_ptr + pid_s * stride_os + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
@@ -464,7 +667,7 @@ def _linear_kernel(x_ptr, w_ptr, out_ptr, M, N, stride_xm, stride_wn, stride_os,
 
 
 @triton.jit
-def _dequant_kernel(w_ptr, out_ptr, N, stride_wn, stride_on, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
+def _dequant_kernel(w_ptr, grid_ptr, out_ptr, N, stride_wn, stride_on, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
     """out[n, 128 i : 128 i + 128] = the weights of step i of row n, in out's dtype (grid: row blocks x steps)."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     i = tl.program_id(1)
@@ -485,13 +688,13 @@ def _dequant_kernel(w_ptr, out_ptr, N, stride_wn, stride_on, QTYPE: tl.constexpr
                 op = out_ptr + rows[:, None] * stride_on + i * 128 + 32 * (2 * cc + h) + tl.arange(0, 32)[None, :]
                 tl.store(op, w.to(out_ptr.dtype.element_ty), mask=ok)
     else:
-        w = _weight_tile(wp, i, QTYPE, BLOCK_N)
+        w = _weight_tile(wp, i, grid_ptr, QTYPE, BLOCK_N)
         op = out_ptr + rows[:, None] * stride_on + i * 128 + tl.arange(0, 128)[None, :]
         tl.store(op, w.to(out_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
-def _moe_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
+def _moe_kernel(x_ptr, w_ptr, grid_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
                 N, num_steps, steps_per_split, num_valid, a_row_div, stride_xm, stride_we, stride_wn, stride_os,
                 stride_om, QTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GATED: tl.constexpr,
                 ROUTE_WEIGHTED: tl.constexpr, DOT_PRECISION: tl.constexpr, PROBE: tl.constexpr = 0):
@@ -543,10 +746,10 @@ def _moe_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_p
             nxt_g = _load_step(wp_g, nxt, QTYPE)
             nxt_u = _load_step(wp_u, nxt, QTYPE) if GATED else nxt_g
             a = tl.load(xp + i * 128, mask=ok[:, None], other=0.0)
-            acc = tl.dot(a, tl.trans(_decode_step(raw_g, i, QTYPE, BLOCK_N).to(a.dtype)), acc,
+            acc = tl.dot(a, tl.trans(_decode_step(raw_g, i, grid_ptr, QTYPE, BLOCK_N).to(a.dtype)), acc,
                          input_precision=DOT_PRECISION)
             if GATED:
-                acc_u = tl.dot(a, tl.trans(_decode_step(raw_u, i, QTYPE, BLOCK_N).to(a.dtype)), acc_u,
+                acc_u = tl.dot(a, tl.trans(_decode_step(raw_u, i, grid_ptr, QTYPE, BLOCK_N).to(a.dtype)), acc_u,
                                input_precision=DOT_PRECISION)
             raw_g = nxt_g
             raw_u = nxt_u
@@ -577,6 +780,51 @@ def _silu_mul_splits_kernel(part_ptr, act_ptr, splits, inter, stride_ps, stride_
 # ----------------------------------------------------------------------------------------------------------------
 # host side
 # ----------------------------------------------------------------------------------------------------------------
+
+
+# The IQ2/IQ3 grids: gguf.quants' tables (llama.cpp's, decoded by the gguf package), rows of 8 (IQ2) or 4 (IQ3)
+# values, each value one of a few levels.  GRID_LEVELS: the levels _grid_rows computes from a level number; the
+# table is checked against them when it is made.
+_GRID_QUANTS = {IQ1_S: gguf.quants.IQ1_S, IQ1_M: gguf.quants.IQ1_M, IQ2_XXS: gguf.quants.IQ2_XXS,
+                IQ2_XS: gguf.quants.IQ2_XS, IQ2_S: gguf.quants.IQ2_S, IQ3_XXS: gguf.quants.IQ3_XXS,
+                IQ3_S: gguf.quants.IQ3_S}
+_IQ2_LEVELS = (8, 25, 43)
+GRID_LEVELS = {IQ1_S: (-1, 0, 1), IQ1_M: (-1, 0, 1), IQ2_XXS: _IQ2_LEVELS, IQ2_XS: _IQ2_LEVELS, IQ2_S: _IQ2_LEVELS,
+               IQ3_XXS: (4, 12, 20, 28, 36, 44, 52, 62), IQ3_S: (1, 3, 5, 7, 9, 11, 13, 15)}
+_grid_tables: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def _packed_grid(qtype: int) -> torch.Tensor:
+    """gguf.quants' grid of ``qtype`` as int32 [entries]: value j of a row is level number c at bits
+    bits*j.. (bits 2 for IQ2, 3 for IQ3) with GRID_LEVELS[qtype][c] the value."""
+    quant = _GRID_QUANTS[qtype]
+    if qtype in (IQ1_S, IQ1_M) and float(quant.delta) != IQ1_DELTA.value:
+        raise ValueError(f"gguf.quants.{quant.__name__}.delta is {quant.delta}, the kernels use {IQ1_DELTA.value}")
+    quant.init_grid()
+    grid = torch.from_numpy(quant.grid.reshape(quant.grid_shape).copy())
+    levels = torch.tensor(GRID_LEVELS[qtype], dtype=grid.dtype)
+    codes = (grid[..., None] == levels).to(torch.int64).argmax(-1)
+    if not torch.equal(levels[codes], grid):
+        found = sorted(set(grid.unique().tolist()) - set(levels.tolist()))
+        raise ValueError(f"gguf.quants.{quant.__name__}.grid holds values {found} outside the levels "
+                         f"{GRID_LEVELS[qtype]} the kernels compute")
+    bits = 3 if len(levels) > 4 else 2
+    shifts = bits * torch.arange(grid.shape[1], dtype=torch.int64)
+    return (codes << shifts).sum(-1).to(torch.int32)
+
+
+def grid_table(qtype: int, device: torch.device) -> torch.Tensor:
+    """The int32 grid rows of an IQ2/IQ3 type on ``device`` (made on the first call: vLLM's profile run makes it
+    before CUDA graphs are captured, and a capture that would have to copy it is refused)."""
+    key = (qtype if qtype in _GRID_QUANTS else -1, str(device))
+    table = _grid_tables.get(key)
+    if table is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"GGUF grid table of type {qtype} requested first during CUDA graph capture: run the "
+                               "model once before capturing (vLLM's profile run does)")
+        table = (torch.zeros(1, dtype=torch.int32) if key[0] == -1 else _packed_grid(qtype)).to(device)
+        _grid_tables[key] = table
+    return table
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
@@ -646,8 +894,9 @@ def gguf_dequantize(qweight: torch.Tensor, qtype: int, k: int, dtype: torch.dtyp
     _check_weight(qweight, qtype, k, "gguf_dequantize weight")
     out = torch.empty(n, k, dtype=dtype, device=qweight.device) if out is None else out
     if n:
-        _dequant_kernel[(triton.cdiv(n, 32), k // STEP_K)](qweight, out, n, qweight.stride(0), out.stride(0),
-                                                           QTYPE=qtype, BLOCK_N=32, num_warps=4)
+        _dequant_kernel[(triton.cdiv(n, 32), k // STEP_K)](qweight, grid_table(qtype, qweight.device), out, n,
+                                                           qweight.stride(0), out.stride(0), QTYPE=qtype, BLOCK_N=32,
+                                                           num_warps=4)
     return out
 
 
@@ -679,8 +928,9 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int, n: int | Non
     split = plan["split"]
     dst = out if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(m, plan["BLOCK_M"]), triton.cdiv(n, plan["BLOCK_N"]), split)
-    _linear_kernel[grid](x, qweight, dst, m, n, x.stride(0), qweight.stride(0), dst.stride(0) if split > 1 else 0,
-                         dst.stride(-2), plan["steps_per_split"], k // STEP_K, QTYPE=qtype,
+    _linear_kernel[grid](x, qweight, grid_table(qtype, x.device), dst, m, n, x.stride(0), qweight.stride(0),
+                         dst.stride(0) if split > 1 else 0, dst.stride(-2), plan["steps_per_split"], k // STEP_K,
+                         QTYPE=qtype,
                          BLOCK_M=plan["BLOCK_M"], BLOCK_N=plan["BLOCK_N"], DOT_PRECISION=_dot_precision(x.dtype),
                          num_warps=plan["num_warps"], num_stages=plan["num_stages"])
     if split > 1:
@@ -776,7 +1026,8 @@ def gguf_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights:
         act = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
         bn = plan["BLOCK_N"]
         _moe_kernel[(m_blocks * triton.cdiv(inter, bn), 1)](
-            x, w13, act, topk_weights, sorted_ids, expert_ids, num_padded, inter, steps, steps, pairs, top_k,
+            x, w13, grid_table(qtype13, x.device), act, topk_weights, sorted_ids, expert_ids, num_padded, inter,
+            steps, steps, pairs, top_k,
             x.stride(0), w13.stride(0), w13.stride(1), 0, act.stride(0), BLOCK_N=bn, GATED=True,
             ROUTE_WEIGHTED=False, **common)
     else:
@@ -786,7 +1037,8 @@ def gguf_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights:
         split, per_split = _split(busy_blocks * triton.cdiv(two_i, bn), steps, num_sms, plan["ctas_per_sm"])
         part = torch.empty(split, pairs, two_i, dtype=torch.float32, device=x.device)
         _moe_kernel[(m_blocks * triton.cdiv(two_i, bn), split)](
-            x, w13, part, topk_weights, sorted_ids, expert_ids, num_padded, two_i, steps, per_split, pairs, top_k,
+            x, w13, grid_table(qtype13, x.device), part, topk_weights, sorted_ids, expert_ids, num_padded, two_i,
+            steps, per_split, pairs, top_k,
             x.stride(0), w13.stride(0), w13.stride(1), part.stride(0), part.stride(1), BLOCK_N=bn, GATED=False,
             ROUTE_WEIGHTED=False, **common)
         act = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
@@ -796,7 +1048,8 @@ def gguf_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights:
     bn = plan["BLOCK_N_W2"]
     common["QTYPE"] = qtype2
     _moe_kernel[(m_blocks * triton.cdiv(h, bn), 1)](
-        act, w2, down, topk_weights.reshape(-1), sorted_ids, expert_ids, num_padded, h, inter // STEP_K,
+        act, w2, grid_table(qtype2, x.device), down, topk_weights.reshape(-1), sorted_ids, expert_ids, num_padded, h,
+        inter // STEP_K,
         inter // STEP_K, pairs, 1, act.stride(0), w2.stride(0), w2.stride(1), 0, down.stride(0), BLOCK_N=bn,
         GATED=False, ROUTE_WEIGHTED=True, **common)
     return torch.sum(down.view(t, top_k, h), dim=1, out=out)
@@ -830,7 +1083,8 @@ def _moe_decode_mma(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, mma13: 
         split, per_split = _split(busy_blocks * triton.cdiv(two_i, bn), steps, num_sms, plan["ctas_per_sm"])
         part = torch.empty(split, pairs, two_i, dtype=torch.float32, device=x.device)
         _moe_kernel[(expert_ids.numel() * triton.cdiv(two_i, bn), split)](
-            x, w13, part, topk_weights, sorted_ids, expert_ids, num_padded, two_i, steps, per_split, pairs, top_k,
+            x, w13, grid_table(qtype13, x.device), part, topk_weights, sorted_ids, expert_ids, num_padded, two_i,
+            steps, per_split, pairs, top_k,
             x.stride(0), w13.stride(0), w13.stride(1), part.stride(0), part.stride(1), QTYPE=qtype13,
             BLOCK_M=plan["BLOCK_M"], BLOCK_N=bn, GATED=False, ROUTE_WEIGHTED=False,
             DOT_PRECISION=_dot_precision(x.dtype), num_warps=plan["num_warps"], num_stages=plan["num_stages"])
@@ -847,7 +1101,8 @@ def _moe_decode_mma(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, mma13: 
         sorted_ids, expert_ids, num_padded = route_tile
         bn = plan["BLOCK_N_W2"]
         _moe_kernel[(expert_ids.numel() * triton.cdiv(h, bn), 1)](
-            act, w2, down, route_w, sorted_ids, expert_ids, num_padded, h, inter // STEP_K, inter // STEP_K, pairs,
+            act, w2, grid_table(qtype2, x.device), down, route_w, sorted_ids, expert_ids, num_padded, h,
+            inter // STEP_K, inter // STEP_K, pairs,
             1, act.stride(0), w2.stride(0), w2.stride(1), 0, down.stride(0), QTYPE=qtype2, BLOCK_M=plan["BLOCK_M"],
             BLOCK_N=bn, GATED=False, ROUTE_WEIGHTED=True, DOT_PRECISION=_dot_precision(x.dtype),
             num_warps=plan["num_warps"], num_stages=plan["num_stages"])
@@ -858,13 +1113,16 @@ def _moe_decode_mma(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, mma13: 
 # every compiled variant (for the offline compile test: tests/kernels/test_compile_targets_gguf_matmul.py)
 # ----------------------------------------------------------------------------------------------------------------
 
-_LINEAR_SIG = {"x_ptr": "*bf16", "w_ptr": "*u8", "out_ptr": "*bf16", "M": "i32", "N": "i32", "stride_xm": "i32",
+_LINEAR_SIG = {"x_ptr": "*bf16", "w_ptr": "*u8", "grid_ptr": "*i32", "out_ptr": "*bf16", "M": "i32", "N": "i32",
+               "stride_xm": "i32",
                "stride_wn": "i32", "stride_os": "i32", "stride_om": "i32", "steps_per_split": "i32",
                "num_steps": "i32"}
 _SILU_SIG = {"part_ptr": "*fp32", "act_ptr": "*bf16", "splits": "i32", "inter": "i32", "stride_ps": "i32",
              "stride_pr": "i32", "stride_ar": "i32"}
-_DEQUANT_SIG = {"w_ptr": "*u8", "out_ptr": "*bf16", "N": "i32", "stride_wn": "i32", "stride_on": "i32"}
-_MOE_SIG = {"x_ptr": "*bf16", "w_ptr": "*u8", "out_ptr": "*bf16", "route_w_ptr": "*fp32", "sorted_ids_ptr": "*i32",
+_DEQUANT_SIG = {"w_ptr": "*u8", "grid_ptr": "*i32", "out_ptr": "*bf16", "N": "i32", "stride_wn": "i32",
+                "stride_on": "i32"}
+_MOE_SIG = {"x_ptr": "*bf16", "w_ptr": "*u8", "grid_ptr": "*i32", "out_ptr": "*bf16", "route_w_ptr": "*fp32",
+            "sorted_ids_ptr": "*i32",
             "expert_ids_ptr": "*i32", "num_padded_ptr": "*i32", "N": "i32", "num_steps": "i32",
             "steps_per_split": "i32", "num_valid": "i32", "a_row_div": "i32", "stride_xm": "i32",
             "stride_we": "i32", "stride_wn": "i32", "stride_os": "i32", "stride_om": "i32"}
@@ -879,10 +1137,10 @@ def kernel_configs() -> list[dict]:
             cfgs.append(dict(name=f"linear q{qt} m{bm}", kernel=_linear_kernel, signature=_LINEAR_SIG,
                              constexprs=dict(QTYPE=qt, BLOCK_M=bm, BLOCK_N=t["BLOCK_N"], DOT_PRECISION="tf32"),
                              num_warps=t["num_warps"], num_stages=t["num_stages"],
-                             divisible_by_16=("x_ptr", "w_ptr", "out_ptr", "stride_xm", "stride_om")))
+                             divisible_by_16=("x_ptr", "w_ptr", "grid_ptr", "out_ptr", "stride_xm", "stride_om")))
         cfgs.append(dict(name=f"dequant q{qt}", kernel=_dequant_kernel, signature=_DEQUANT_SIG,
                          constexprs=dict(QTYPE=qt, BLOCK_N=32), num_warps=4, num_stages=3,
-                         divisible_by_16=("w_ptr", "out_ptr", "stride_on")))
+                         divisible_by_16=("w_ptr", "grid_ptr", "out_ptr", "stride_on")))
         plans = [moe_plan(1, 8, 256), moe_plan(64, 8, 256), moe_plan(4096, 8, 256)]
         for p in plans:
             variants = [(p["BLOCK_N"], p["fused_gate"], False), (p["BLOCK_N_W2"], False, True)]
@@ -891,7 +1149,7 @@ def kernel_configs() -> list[dict]:
                                  signature=_MOE_SIG, num_warps=p["num_warps"], num_stages=p["num_stages"],
                                  constexprs=dict(QTYPE=qt, BLOCK_M=p["BLOCK_M"], BLOCK_N=bn, GATED=gated,
                                                  ROUTE_WEIGHTED=weighted, DOT_PRECISION="tf32"),
-                                 divisible_by_16=("x_ptr", "w_ptr", "out_ptr", "stride_xm", "stride_om")))
+                                 divisible_by_16=("x_ptr", "w_ptr", "grid_ptr", "out_ptr", "stride_xm", "stride_om")))
     cfgs.append(dict(name="silu_mul splits", kernel=_silu_mul_splits_kernel, signature=_SILU_SIG,
                      constexprs=dict(BLOCK=SILU_BLOCK), num_warps=4, num_stages=3,
                      divisible_by_16=("part_ptr", "act_ptr", "stride_ps", "stride_pr", "stride_ar")))

@@ -13,11 +13,13 @@ import torch
 
 from glm5_shim.gguf import kquants
 from glm5_shim.gguf.slice.blocks import SCALE_FIELDS
-from glm5_shim.kernels.gguf_matmul import IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, block_bytes
+from glm5_shim.kernels.gguf_matmul import (IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL, IQ4_XS, Q2_K,
+                                          Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, block_bytes)
 
 # the size the fp16 scale fields are drawn around (weights ~ 1e-2); their offsets are slice/blocks.SCALE_FIELDS
 _F16_SCALE = {Q8_0: 1e-3, Q4_K: 1e-3, Q5_K: 5e-4, Q6_K: 5e-4, Q2_K: 2e-3, Q3_K: 5e-4, IQ4_NL: 1e-4,
-              IQ4_XS: 1e-5}
+              IQ4_XS: 1e-5, IQ2_XXS: 1e-4, IQ2_XS: 1e-4, IQ2_S: 1e-4, IQ3_XXS: 5e-5, IQ3_S: 1e-4, IQ1_S: 1e-3,
+              IQ1_M: 1e-3}
 _QUANTIZERS = {Q4_K: kquants.quantize_q4_k, Q5_K: kquants.quantize_q5_k, Q6_K: kquants.quantize_q6_k,
                Q2_K: kquants.quantize_q2_k, Q3_K: kquants.quantize_q3_k}
 
@@ -37,7 +39,13 @@ def random_blocks(qtype: int, rows: int | tuple[int, ...], k: int, generator: to
     nblocks = k // values
     device = generator.device
     raw = torch.randint(0, 256, (*shape, nblocks, nbytes), dtype=torch.uint8, generator=generator, device=device)
-    for off, _role in SCALE_FIELDS[gguf.GGMLQuantizationType(qtype).name]:
+    if qtype == IQ1_M:  # fp16 d spread over the top nibbles of the 4 scale words (bytes 48-55), first word lowest
+        scale = (torch.rand(*shape, nblocks, generator=generator, device=device) + 0.5) * _F16_SCALE[qtype]
+        bits = scale.to(torch.float16).view(torch.int16).to(torch.int32) & 0xFFFF
+        for w in range(4):
+            high = raw[..., 49 + 2 * w].to(torch.int32)
+            raw[..., 49 + 2 * w] = ((high & 0x0F) | (((bits >> (4 * w)) & 0xF) << 4)).to(torch.uint8)
+    for off, _role in SCALE_FIELDS.get(gguf.GGMLQuantizationType(qtype).name, ()):  # IQ1_M: none
         scale = (torch.rand(*shape, nblocks, generator=generator, device=device) + 0.5) * _F16_SCALE[qtype]
         raw[..., off:off + 2] = scale.to(torch.float16).view(torch.uint8).view(*shape, nblocks, 2)
     return raw.view(*shape, nblocks * nbytes)

@@ -5,7 +5,7 @@ import pytest
 
 from glm5_shim.gguf.config import build_hf_config
 from glm5_shim.gguf.fixture import make_tiny
-from glm5_shim.gguf.kernel_coverage import KERNEL_TYPES_AWAITING_GPU, SHIM_KERNEL_TYPES
+from glm5_shim.gguf.kernel_coverage import KERNEL_TYPES_AWAITING_GPU, MMA_DECODE_TYPES, SHIM_KERNEL_TYPES
 from glm5_shim.gguf.load_plan import plan_tensors
 from glm5_shim.gguf.reader import open_gguf
 from glm5_shim.gguf.report import format_matmul_paths, matmul_paths
@@ -46,18 +46,20 @@ def test_the_line_names_the_types_whose_shim_kernels_wait_for_the_gpu(q2k_plan):
     present = [name for name in waiting if name in matmul_paths(q2k_plan)["vllm"]]
     assert present, "the Q2_K preset should hold a type whose kernel waits for the GPU"
     assert f"shim kernels for {'/'.join(present)} are written and wait for their GPU tests" in line
-    no_wait = format_matmul_paths({"shim": {"Q4_K": 3}, "vllm": {"IQ2_XXS": 2}})
-    assert "wait for their GPU tests" not in no_wait and "IQ2_XXS x2" in no_wait
+    no_wait = format_matmul_paths({"shim": {"Q4_K": 3}, "vllm": {"IQ1_S": 2}})
+    assert "wait for their GPU tests" not in no_wait and "IQ1_S x2" in no_wait
 
 
 def test_the_line_says_where_decode_runs_with_and_without_the_mma_switch(monkeypatch):
     paths = {"shim": {"Q4_K": 3, "Q6_K": 1, "Q8_0": 2}, "vllm": {}}
+    mma = "/".join(t for t in paths["shim"] if int(gguf.GGMLQuantizationType[t]) in MMA_DECODE_TYPES)
+    assert "Q4_K" in mma
     monkeypatch.delenv("GLM5_SHIM_GGUF_DECODE", raising=False)
     line = format_matmul_paths(paths)
-    assert "GLM5_SHIM_GGUF_DECODE=mma runs decode-sized Q4_K/Q6_K products on the register-MMA kernels" in line
+    assert f"GLM5_SHIM_GGUF_DECODE=mma runs decode-sized {mma} products on the register-MMA kernels" in line
     assert "1-6 rows stay on vLLM's vector kernel" in line
     monkeypatch.setenv("GLM5_SHIM_GGUF_DECODE", "mma")
     line = format_matmul_paths(paths)
-    assert "decode-sized Q4_K/Q6_K products on the register-MMA kernels" in line and "Q8_0" not in line.split(";")[-1]
+    assert f"decode-sized {mma} products on the register-MMA kernels" in line
     assert "1-6 rows stay" not in line
-    assert "register-MMA" not in format_matmul_paths({"shim": {"Q8_0": 2}, "vllm": {}})
+    assert "register-MMA" not in format_matmul_paths({"shim": {}, "vllm": {"Q2_K": 2}})

@@ -12,7 +12,8 @@ from glm5_shim.kernels import gguf_matmul_reference as ref
 
 
 TYPES = {"Q4_K": gm.Q4_K, "Q6_K": gm.Q6_K, "Q5_K": gm.Q5_K, "Q8_0": gm.Q8_0, "Q2_K": gm.Q2_K, "Q3_K": gm.Q3_K,
-         "IQ4_XS": gm.IQ4_XS, "IQ4_NL": gm.IQ4_NL}
+         "IQ4_XS": gm.IQ4_XS, "IQ4_NL": gm.IQ4_NL, "IQ2_XXS": gm.IQ2_XXS, "IQ2_S": gm.IQ2_S, "IQ3_XXS": gm.IQ3_XXS,
+         "IQ3_S": gm.IQ3_S, "IQ2_XS": gm.IQ2_XS, "IQ1_S": gm.IQ1_S, "IQ1_M": gm.IQ1_M}
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
 
 
@@ -20,12 +21,11 @@ def _rel(got, want):
     return ((got.double() - want).norm() / want.norm()).item()
 
 
-@pytest.mark.parametrize("name", list(TYPES))
-@pytest.mark.parametrize("blocks", ["random", "quantizer"])
+# blocks from a real quantizer where one exists here (none for the IQ types: random valid blocks, every bit pattern)
+@pytest.mark.parametrize("name,blocks", [(n, b) for n in TYPES for b in ("random", "quantizer")
+                                         if b == "random" or TYPES[n] in ref.QUANTIZABLE])
 def test_linear_every_type(name, blocks):
     qt = TYPES[name]
-    if blocks == "quantizer" and qt not in ref.QUANTIZABLE:
-        pytest.skip(f"no quantizer exists for {name} (gguf-py has none; random valid blocks cover it)")
     g = torch.Generator().manual_seed(qt * 3 + (blocks == "random"))
     n, k = 40, 512
     w = ref.random_blocks(qt, n, k, g) if blocks == "random" else ref.quantized_blocks(
@@ -85,7 +85,9 @@ def _moe(q13, q2, e, h, inter, t, top_k, g, hot=False):
     return w13, w2, x, ids, wts
 
 
-@pytest.mark.parametrize("q13,q2", [("Q4_K", "Q6_K"), ("Q5_K", "Q8_0"), ("Q2_K", "Q3_K"), ("IQ4_XS", "IQ4_NL")])
+@pytest.mark.parametrize("q13,q2", [("Q4_K", "Q6_K"), ("Q5_K", "Q8_0"), ("Q2_K", "Q3_K"), ("IQ4_XS", "IQ4_NL"),
+                                    ("IQ2_XXS", "IQ3_XXS"), ("IQ2_S", "IQ3_S"), ("IQ2_XS", "Q4_K"),
+                                    ("IQ1_S", "IQ1_M")])
 def test_moe_decode_split_and_prefill_fused(q13, q2):
     """Few rows per expert: w13 split over K, SiLU after the sum; many rows per expert (one expert set hot):
     gate and up fused in one tile.  Both against float64."""
