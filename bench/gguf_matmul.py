@@ -39,7 +39,8 @@ from glm5_shim.kernels import gguf_mma  # noqa: E402
 
 TYPES = {"Q4_K": gm.Q4_K, "Q6_K": gm.Q6_K, "Q5_K": gm.Q5_K, "Q8_0": gm.Q8_0, "Q2_K": gm.Q2_K, "Q3_K": gm.Q3_K,
          "IQ4_XS": gm.IQ4_XS, "IQ4_NL": gm.IQ4_NL, "IQ2_XXS": gm.IQ2_XXS, "IQ2_S": gm.IQ2_S, "IQ3_XXS": gm.IQ3_XXS,
-         "IQ3_S": gm.IQ3_S, "IQ2_XS": gm.IQ2_XS, "IQ1_S": gm.IQ1_S, "IQ1_M": gm.IQ1_M}
+         "IQ3_S": gm.IQ3_S, "IQ2_XS": gm.IQ2_XS, "IQ1_S": gm.IQ1_S, "IQ1_M": gm.IQ1_M,
+         "Q5_0": gm.Q5_0, "Q4_0": gm.Q4_0, "Q4_1": gm.Q4_1, "Q5_1": gm.Q5_1}
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096)
 HIDDEN, EXPERTS, TOP_K, EXPERT_WIDTH = 6144, 256, 8, 2048
 BF16_PEAK = {(9, 0): 989e12, (12, 0): 503e12}  # dense bf16 tensor FLOP/s (H200 SXM; RTX PRO 6000 published)
@@ -294,6 +295,19 @@ def bench_probe(types, tokens, bw, gen, rows):
         torch.cuda.empty_cache()
 
 
+def _sweep_point(rows, what, t, cfg, floor_us, calls):
+    """Time one launch configuration of a sweep (graph-captured ``calls``) and record it; a configuration that does
+    not compile or launch is recorded without a time."""
+    try:
+        us_ = graph_us(calls)
+    except Exception as e:  # noqa: BLE001
+        us_ = None
+        print(f"sweep {what} T={t} {cfg}: {type(e).__name__}: {str(e)[:200]}")
+    row = dict(kind="sweep", what=what, T=t, cfg=cfg, us=us_, floor_us=floor_us)
+    print(json.dumps(row), flush=True)
+    rows.append(row)
+
+
 def bench_mma_sweep(bw, gen, rows, types=("Q4_K", "Q6_K")):
     """Launch shapes of the register-MMA decode kernels (kernels/gguf_mma.MMA_TUNING): warps, row repeats and
     programs an SM, for the TP-8 MoE at T = 1 and 32 and q_a+kv_a / lm_head at T = 1."""
@@ -306,15 +320,9 @@ def bench_mma_sweep(bw, gen, rows, types=("Q4_K", "Q6_K")):
             ids, wts, x, floor = call_inputs(t, gen, expert_bytes, bw)
             for cfg in cfgs:
                 plan = {**gm.moe_plan(t, TOP_K, EXPERTS), "mma": True, "mma_tuning": cfg}
-                try:
-                    us_ = graph_us([lambda i=i, w=w: gm.gguf_moe(x, w13, w2, w, i, qt, qt, align=ALIGN, plan=plan)
-                                    for i, w in zip(ids, wts)])
-                except Exception as e:  # noqa: BLE001
-                    us_ = None
-                    print(f"mma sweep moe {name} T={t} {cfg}: {type(e).__name__}: {str(e)[:200]}")
-                row = dict(kind="sweep", what=f"mma moe tp8 {name}", T=t, cfg=cfg, us=us_, floor_us=floor)
-                print(json.dumps(row), flush=True)
-                rows.append(row)
+                _sweep_point(rows, f"mma moe tp8 {name}", t, cfg, floor,
+                             [lambda i=i, w=w: gm.gguf_moe(x, w13, w2, w, i, qt, qt, align=ALIGN, plan=plan)
+                              for i, w in zip(ids, wts)])
         w13 = w2 = None
         torch.cuda.empty_cache()
         lname = "q_a+kv_a" if name == "Q4_K" else "lm_head"
@@ -323,14 +331,8 @@ def bench_mma_sweep(bw, gen, rows, types=("Q4_K", "Q6_K")):
         ws = [random_blocks_cuda(qt, (n,), k, gen) for _ in range(max(2, min(16, -(-2 * L2_BYTES // one))))]
         x = (torch.randn(1, k, device="cuda", generator=gen) * 0.5).to(torch.bfloat16)
         for cfg in cfgs:
-            try:
-                us_ = graph_us([lambda w=w: gguf_mma.linear(x, w, qt, n, sms, tuning=cfg) for w in ws] * 2)
-            except Exception as e:  # noqa: BLE001
-                us_ = None
-                print(f"mma sweep dense {lname} {cfg}: {type(e).__name__}: {str(e)[:200]}")
-            row = dict(kind="sweep", what=f"mma {lname} {name}", T=1, cfg=cfg, us=us_, floor_us=one / bw * 1e6)
-            print(json.dumps(row), flush=True)
-            rows.append(row)
+            _sweep_point(rows, f"mma {lname} {name}", 1, cfg, one / bw * 1e6,
+                         [lambda w=w: gguf_mma.linear(x, w, qt, n, sms, tuning=cfg) for w in ws] * 2)
         ws = None
         torch.cuda.empty_cache()
 
@@ -351,15 +353,9 @@ def bench_sweep(bw, gen, rows, types=("Q4_K",)):
             ids, wts, x, floor = call_inputs(t, gen, expert_bytes, bw)
             for cfg in cfgs:
                 plan = gm.moe_plan(t, TOP_K, EXPERTS, tuning=cfg)
-                try:
-                    us_ = graph_us([lambda i=i, w=w: gm.gguf_moe(x, w13, w2, w, i, qt, qt, align=ALIGN, plan=plan)
-                                    for i, w in zip(ids, wts)])
-                except Exception as e:  # noqa: BLE001
-                    us_ = None
-                    print(f"sweep moe {name} T={t} {cfg}: {type(e).__name__}: {str(e)[:200]}")
-                row = dict(kind="sweep", what=f"moe tp8 {name}", T=t, cfg=cfg, us=us_, floor_us=floor)
-                print(json.dumps(row), flush=True)
-                rows.append(row)
+                _sweep_point(rows, f"moe tp8 {name}", t, cfg, floor,
+                             [lambda i=i, w=w: gm.gguf_moe(x, w13, w2, w, i, qt, qt, align=ALIGN, plan=plan)
+                              for i, w in zip(ids, wts)])
         w13 = w2 = None
         torch.cuda.empty_cache()
     for lname, name in (("q_a+kv_a", "Q4_K"), ("lm_head", "Q6_K")):
@@ -372,15 +368,8 @@ def bench_sweep(bw, gen, rows, types=("Q4_K",)):
             cfgs = decode if t <= 64 else [None] + (prefill if lname != "o_proj" else [])
             for cfg in cfgs:
                 plan = gm.linear_plan(t, n, k, sms, tuning=cfg) if cfg else gm.linear_plan(t, n, k, sms)
-                try:
-                    us_ = graph_us([lambda w=w: gm.gguf_linear(x, w, qt, plan=plan) for w in ws] * 2)
-                except Exception as e:  # noqa: BLE001
-                    us_ = None
-                    print(f"sweep dense {lname} T={t} {cfg}: {type(e).__name__}: {str(e)[:200]}")
-                row = dict(kind="sweep", what=f"{lname} {name}", T=t, cfg=cfg or "dequant+cuBLAS", us=us_,
-                           floor_us=one / bw * 1e6)
-                print(json.dumps(row), flush=True)
-                rows.append(row)
+                _sweep_point(rows, f"{lname} {name}", t, cfg or "dequant+cuBLAS", one / bw * 1e6,
+                             [lambda w=w: gm.gguf_linear(x, w, qt, plan=plan) for w in ws] * 2)
         ws = None
         torch.cuda.empty_cache()
 

@@ -13,7 +13,7 @@ SHIM_KERNEL_TYPES = (int(_T.Q4_K), int(_T.Q6_K), int(_T.Q5_K), int(_T.Q8_0))
 # kernels accept them, the tests and the bench run them, serving keeps vLLM's kernels for them until they have.
 KERNEL_TYPES_AWAITING_GPU = (int(_T.Q2_K), int(_T.Q3_K), int(_T.IQ4_XS), int(_T.IQ4_NL), int(_T.IQ2_XXS),
                              int(_T.IQ2_S), int(_T.IQ3_XXS), int(_T.IQ3_S), int(_T.IQ2_XS), int(_T.IQ1_S),
-                             int(_T.IQ1_M))
+                             int(_T.IQ1_M), int(_T.Q5_0), int(_T.Q4_0), int(_T.Q4_1), int(_T.Q5_1))
 # Types the register-MMA decode kernels (kernels/gguf_mma.py) read.  Written and CPU-tested (interpreter, their PTX
 # executed on the CPU, offline compiles), not yet run on a GPU: used only with GLM5_SHIM_GGUF_DECODE=mma.
 MMA_DECODE_TYPES = (int(_T.Q4_K), int(_T.Q6_K), int(_T.Q5_K), int(_T.Q8_0))

@@ -22,6 +22,9 @@ Block layouts (``gguf.GGML_QUANT_SIZES``; checked against the ``gguf`` package's
                      w = d*sc*q - dmin*m
 * Q3_K, 110 B / 256: 32 B high-bit mask, 64 B of 2-bit codes, 12 B of 16 6-bit scales, fp16 d;
                      w = d*(sc - 32)*(q - 4 unless its mask bit is set)
+* Q4_0 / Q4_1 / Q5_0 / Q5_1, 18 / 20 / 22 / 24 B / 32: fp16 d, (Q4_1, Q5_1: fp16 m,) (Q5: 32 high bits,) 16 B of
+                     nibbles (value l: low nibble of byte l, value 16 + l: high nibble);
+                     w = d*(q - 8), d*q + m, d*(q - 16), d*q + m
 * IQ4_NL, 18 B / 32: fp16 d, 16 B of nibbles indexing 16 fixed int8 values;  w = d*value
 * IQ4_XS, 136 B / 256: fp16 d, 2 B high and 4 B low bits of 8 6-bit scales, 128 B of nibbles as IQ4_NL's;
                      w = d*(sc - 32)*value
@@ -77,6 +80,10 @@ IQ2_S = int(gguf.GGMLQuantizationType.IQ2_S)
 IQ3_XXS = int(gguf.GGMLQuantizationType.IQ3_XXS)
 IQ3_S = int(gguf.GGMLQuantizationType.IQ3_S)
 IQ1_S = int(gguf.GGMLQuantizationType.IQ1_S)
+Q4_0 = int(gguf.GGMLQuantizationType.Q4_0)
+Q4_1 = int(gguf.GGMLQuantizationType.Q4_1)
+Q5_0 = int(gguf.GGMLQuantizationType.Q5_0)
+Q5_1 = int(gguf.GGMLQuantizationType.Q5_1)
 IQ1_M = int(gguf.GGMLQuantizationType.IQ1_M)
 SUPPORTED_TYPES = SHIM_KERNEL_TYPES + KERNEL_TYPES_AWAITING_GPU  # what the kernels read (serving: kernel_coverage)
 _INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")  # the PTX helpers need a GPU
@@ -187,6 +194,13 @@ def _load_step(wp, i, QTYPE: tl.constexpr):
         sc = tl.load(sbp[:, None] + 8 * hf + tl.arange(0, 8)[None, :])                      # [BN, 8]
         dd = tl.load((sbp + 80).to(tl.pointer_type(tl.int16))[:, None] + tl.arange(0, 2)[None, :])  # [BN, 2]
         return dd, qs, sc, sc
+    elif QTYPE == 2 or QTYPE == 3 or QTYPE == 6 or QTYPE == 7:  # Q4_0 / Q4_1 / Q5_0 / Q5_1: four 32-value blocks
+        BYTES: tl.constexpr = 18 if QTYPE == 2 else (20 if QTYPE == 3 else (22 if QTYPE == 6 else 24))
+        bp = wp[:, None] + (4 * i + tl.arange(0, 4))[None, :] * BYTES                      # [BN, 4]
+        # the header as 4 16-bit halves (d, then m and/or the two halves of qh; Q4_0 reads 6 code bytes unused)
+        hdr = tl.load(bp.to(tl.pointer_type(tl.int16))[:, :, None] + tl.arange(0, 4)[None, None, :])
+        q = tl.load(bp[:, :, None] + (BYTES - 16) + tl.arange(0, 16)[None, None, :])       # [BN, 4, 16]
+        return hdr, q, q, q
     elif QTYPE == 20:  # IQ4_NL: four 18-byte blocks (fp16 d, 16 code bytes)
         bp = wp[:, None] + (4 * i + tl.arange(0, 4))[None, :] * 18                         # [BN, 4]
         d = tl.load(bp.to(tl.pointer_type(tl.int16)))
@@ -438,6 +452,29 @@ def _decode_step(raw, i, grid_ptr, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
         sc = ((scw.to(tl.int32)[:, :, None] & 0xFFFF) >> (3 * ((2 * g + ll // 2) % 4))) & 7  # [BN, 4, 4]
         dl = d[:, None, None] * (2 * sc + 1).to(tl.float32)
         w = dl[:, :, :, None] * (v + delta[:, :, :, None])
+    elif QTYPE == 2 or QTYPE == 3 or QTYPE == 6 or QTYPE == 7:
+        # value 16 h + l of a block: nibble h of code byte l (| bit 16 h + l of qh << 4 for Q5_0/Q5_1)
+        hdr, q, _, _ = raw
+        even, odd = tl.split(tl.reshape(hdr, (BLOCK_N, 4, 2, 2)))
+        h0, h2 = tl.split(even)
+        h1, h3 = tl.split(odd)
+        d = h0.to(tl.float16, bitcast=True).to(tl.float32)[:, :, None, None]
+        qi = q.to(tl.int32)
+        n = tl.permute(tl.join(qi & 15, qi >> 4), (0, 1, 3, 2))                              # [BN, 4, 2, 16]
+        if QTYPE == 6 or QTYPE == 7:
+            if QTYPE == 6:
+                qh = (h1.to(tl.int32) & 0xFFFF) | (h2.to(tl.int32) << 16)
+            else:
+                qh = (h2.to(tl.int32) & 0xFFFF) | (h3.to(tl.int32) << 16)
+            pos = 16 * tl.arange(0, 2)[None, None, :, None] + tl.arange(0, 16)[None, None, None, :]
+            n = n | (((qh[:, :, None, None] >> pos) & 1) << 4)
+        if QTYPE == 2:
+            w = d * ((n | 0x4B000000).to(tl.float32, bitcast=True) - 8388616.0)             # q - 8
+        elif QTYPE == 6:
+            w = d * ((n | 0x4B000000).to(tl.float32, bitcast=True) - 8388624.0)             # q - 16
+        else:
+            m = h1.to(tl.float16, bitcast=True).to(tl.float32)[:, :, None, None]
+            w = d * ((n | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0) + m
     elif QTYPE == 8:
         d, q, _, _ = raw
         # int8 q -> float32 without a conversion instruction: the bits 0x4B000000 | (q + 128) are 2**23 + q + 128

@@ -1,8 +1,8 @@
 """Float64 references for :mod:`glm5_shim.kernels.gguf_matmul`, and GGUF weights to test it with.
 
 The reference dequantizes with the ``gguf`` package (llama.cpp's own Python dequantizers), not with the kernel's
-decoding, and multiplies in float64.  Weights come from real quantizers (``gguf`` for Q8_0, the project's K-quant
-quantizers for Q2_K-Q6_K) or are random valid blocks: every byte random except the fp16 super-scales,
+decoding, and multiplies in float64.  Weights come from real quantizers (``gguf`` for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+the project's K-quant quantizers for Q2_K-Q6_K) or are random valid blocks: every byte random except the fp16 scales,
 which are drawn finite and of a sensible size, so every bit pattern of codes and 6-bit scales occurs.
 """
 from __future__ import annotations
@@ -14,12 +14,12 @@ import torch
 from glm5_shim.gguf import kquants
 from glm5_shim.gguf.slice.blocks import SCALE_FIELDS
 from glm5_shim.kernels.gguf_matmul import (IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL, IQ4_XS, Q2_K,
-                                          Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, block_bytes)
+                                          Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, block_bytes)
 
 # the size the fp16 scale fields are drawn around (weights ~ 1e-2); their offsets are slice/blocks.SCALE_FIELDS
 _F16_SCALE = {Q8_0: 1e-3, Q4_K: 1e-3, Q5_K: 5e-4, Q6_K: 5e-4, Q2_K: 2e-3, Q3_K: 5e-4, IQ4_NL: 1e-4,
               IQ4_XS: 1e-5, IQ2_XXS: 1e-4, IQ2_XS: 1e-4, IQ2_S: 1e-4, IQ3_XXS: 5e-5, IQ3_S: 1e-4, IQ1_S: 1e-3,
-              IQ1_M: 1e-3}
+              IQ1_M: 1e-3, Q4_0: 1e-3, Q4_1: 1e-3, Q5_0: 5e-4, Q5_1: 5e-4}
 _QUANTIZERS = {Q4_K: kquants.quantize_q4_k, Q5_K: kquants.quantize_q5_k, Q6_K: kquants.quantize_q6_k,
                Q2_K: kquants.quantize_q2_k, Q3_K: kquants.quantize_q3_k}
 
@@ -51,7 +51,8 @@ def random_blocks(qtype: int, rows: int | tuple[int, ...], k: int, generator: to
     return raw.view(*shape, nblocks * nbytes)
 
 
-QUANTIZABLE = (Q8_0, *_QUANTIZERS)  # the types a real quantizer exists for here (none for the IQ types)
+_GGUF_QUANTIZABLE = (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1)  # gguf.quants.quantize has these
+QUANTIZABLE = (*_GGUF_QUANTIZABLE, *_QUANTIZERS)  # the types a real quantizer exists for here (none for the IQ types)
 
 
 def quantized_blocks(qtype: int, weight: torch.Tensor) -> torch.Tensor:
@@ -59,8 +60,8 @@ def quantized_blocks(qtype: int, weight: torch.Tensor) -> torch.Tensor:
     if qtype not in QUANTIZABLE:
         raise ValueError(f"no quantizer for GGML type {gguf.GGMLQuantizationType(qtype).name} here: use random_blocks")
     w = weight.detach().to(torch.float32).cpu().numpy()
-    if qtype == Q8_0:
-        q = gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0)
+    if qtype in _GGUF_QUANTIZABLE:
+        q = gguf.quants.quantize(w, gguf.GGMLQuantizationType(qtype))
     else:
         q = _QUANTIZERS[qtype](w)
     return torch.from_numpy(np.ascontiguousarray(q, dtype=np.uint8)).reshape(weight.shape[0], -1)

@@ -49,9 +49,9 @@ Q6_K = int(gguf.GGMLQuantizationType.Q6_K)
 MMA_TYPES = MMA_DECODE_TYPES
 TOKENS = 8                         # the MMA's N: routed rows (MoE) or activation rows (linear) a program multiplies
 SB_VALUES = gl.constexpr(256)      # values of a K-quant super-block
-# Q4_K: d, dmin, 12 scale bytes, 128 code bytes; Q5_K: the same with 32 high-bit bytes before the codes;
-# Q6_K: 128 bytes of low nibbles, 64 of high bits, 16 int8 scales, d; Q8_0: 8 blocks of (d, 32 int8 codes)
-SB_BYTES = {Q4_K: 144, Q5_K: 176, Q6_K: 210, Q8_0: 272}
+# Super-blocks the device code steps through (gguf.GGML_QUANT_SIZES; its byte counts are literals there): Q4_K 144 B:
+# d, dmin, 12 scale bytes, 128 code bytes; Q5_K 176 B: the same with 32 high-bit bytes before the codes; Q6_K 210 B:
+# 128 bytes of low nibbles, 64 of high bits, 16 int8 scales, d; Q8_0 272 B: 8 blocks of (d, 32 int8 codes)
 
 # Dimension orders of the two permutations (see the module docstring).  A: codes [rows, 4, 4, 4] viewed as bits
 # (row, p5, p4, p3, p2, p1, p0) of the byte p, reordered so that dimension j + 1 is bit 5 - j of the dot's k:

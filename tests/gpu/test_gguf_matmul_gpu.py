@@ -36,7 +36,8 @@ def _weights(qtype, rows, k, g, quantized):
 
 
 @pytest.mark.parametrize("qtype_name", ["Q4_K", "Q6_K", "Q5_K", "Q8_0", "Q2_K", "Q3_K", "IQ4_XS", "IQ4_NL", "IQ2_XXS",
-                                       "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ2_XS", "IQ1_S", "IQ1_M"])
+                                       "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ2_XS", "IQ1_S", "IQ1_M", "Q5_0", "Q4_0",
+                                       "Q4_1", "Q5_1"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_linear_vs_float64(qtype_name, dtype):
     gm, ref = _mods()
@@ -84,7 +85,8 @@ def _moe_case(qtype13, qtype2, e, h, inter, t, top_k, g, hot=None):
 
 @pytest.mark.parametrize("types", [("Q4_K", "Q6_K"), ("Q5_K", "Q8_0"), ("Q6_K", "Q6_K"), ("Q8_0", "Q4_K"),
                                    ("Q2_K", "Q3_K"), ("IQ4_XS", "IQ4_NL"), ("IQ2_XXS", "IQ3_XXS"),
-                                   ("IQ2_S", "IQ3_S"), ("IQ2_XS", "Q4_K"), ("IQ1_S", "IQ1_M")])
+                                   ("IQ2_S", "IQ3_S"), ("IQ2_XS", "Q4_K"), ("IQ1_S", "IQ1_M"),
+                                   ("Q4_0", "Q5_0"), ("Q4_1", "Q5_1")])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_moe_vs_float64(types, dtype):
     gm, ref = _mods()

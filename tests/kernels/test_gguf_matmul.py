@@ -13,7 +13,8 @@ from glm5_shim.kernels import gguf_matmul_reference as ref
 
 TYPES = {"Q4_K": gm.Q4_K, "Q6_K": gm.Q6_K, "Q5_K": gm.Q5_K, "Q8_0": gm.Q8_0, "Q2_K": gm.Q2_K, "Q3_K": gm.Q3_K,
          "IQ4_XS": gm.IQ4_XS, "IQ4_NL": gm.IQ4_NL, "IQ2_XXS": gm.IQ2_XXS, "IQ2_S": gm.IQ2_S, "IQ3_XXS": gm.IQ3_XXS,
-         "IQ3_S": gm.IQ3_S, "IQ2_XS": gm.IQ2_XS, "IQ1_S": gm.IQ1_S, "IQ1_M": gm.IQ1_M}
+         "IQ3_S": gm.IQ3_S, "IQ2_XS": gm.IQ2_XS, "IQ1_S": gm.IQ1_S, "IQ1_M": gm.IQ1_M,
+         "Q5_0": gm.Q5_0, "Q4_0": gm.Q4_0, "Q4_1": gm.Q4_1, "Q5_1": gm.Q5_1}
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
 
 
@@ -67,8 +68,8 @@ def test_linear_reads_a_row_view_of_a_padded_merged_weight():
 
 def test_bad_weights_are_refused_in_one_line():
     x = torch.randn(2, 512)
-    with pytest.raises(ValueError, match="GGUF type 2 has no shim kernel"):
-        gm.gguf_linear(x, torch.zeros(4, 288, dtype=torch.uint8), 2)
+    with pytest.raises(ValueError, match="GGUF type 9 has no shim kernel"):  # Q8_1: llama.cpp's activation type
+        gm.gguf_linear(x, torch.zeros(4, 576, dtype=torch.uint8), 9)
     with pytest.raises(ValueError, match="expected 288 contiguous bytes"):
         gm.gguf_linear(x, torch.zeros(4, 200, dtype=torch.uint8), gm.Q4_K)
     with pytest.raises(ValueError, match="K=320 is not a multiple of 256"):
@@ -87,7 +88,7 @@ def _moe(q13, q2, e, h, inter, t, top_k, g, hot=False):
 
 @pytest.mark.parametrize("q13,q2", [("Q4_K", "Q6_K"), ("Q5_K", "Q8_0"), ("Q2_K", "Q3_K"), ("IQ4_XS", "IQ4_NL"),
                                     ("IQ2_XXS", "IQ3_XXS"), ("IQ2_S", "IQ3_S"), ("IQ2_XS", "Q4_K"),
-                                    ("IQ1_S", "IQ1_M")])
+                                    ("IQ1_S", "IQ1_M"), ("Q4_0", "Q5_0"), ("Q4_1", "Q5_1")])
 def test_moe_decode_split_and_prefill_fused(q13, q2):
     """Few rows per expert: w13 split over K, SiLU after the sum; many rows per expert (one expert set hot):
     gate and up fused in one tile.  Both against float64."""
