@@ -42,7 +42,7 @@ Block layouts (``gguf.GGML_QUANT_SIZES``; checked against the ``gguf`` package's
                      (2048-entry grid of -1, 0, 1), a 3-bit scale s, the sign of delta;  w = d*(2 s + 1)*(v +- 1/8)
 * IQ1_M, 56 B / 256: 32 index low bytes, 16 bytes of a nibble per row (3 index bits, delta's sign), 4 16-bit words
                      of 3-bit scales per 16 values whose top nibbles make fp16 d;  w = d*(2 s + 1)*(v +- 1/8)
-The IQ1/IQ2/IQ3 grids are gguf.quants' own tables (grid_table), held on the device as level numbers; a 7-bit sign
+The IQ1/IQ2/IQ3 grids are gguf.quants' own tables (grid_table), held on the device as bytes; a 7-bit sign
 index stands for the byte of those 7 bits plus an 8th that makes the parity even (llama.cpp's ksigns).
 (kernel_coverage.KERNEL_TYPES_AWAITING_GPU — Q2_K, Q3_K, IQ4_XS, IQ4_NL and the IQ2/IQ3 types: tested in the
 interpreter, not yet served.)
@@ -122,40 +122,30 @@ def _iq4_values(q):
 
 
 @triton.jit
-def _bits8(byte):
-    """[BN, 4, 4] int32 bytes -> their 8 bits [BN, 4, 4, 8], lowest first (IQ sign bits: 1 is negative)."""
-    return (byte[:, :, :, None] >> tl.arange(0, 8)[None, None, None, :]) & 1
-
-
-@triton.jit
-def _ksign_bits(index):
-    """[BN, 4, 4] 7-bit sign indexes -> 8 sign bits [BN, 4, 4, 8]: the 7 bits and an 8th making the parity even."""
+def _ksign_byte(index):
+    """[BN, 4, 4] 7-bit sign indexes -> sign bytes: the 7 bits and an 8th that makes the parity even."""
     p = index ^ (index >> 4)
     p = p ^ (p >> 2)
     p = p ^ (p >> 1)
-    return _bits8(index | ((p & 1) << 7))
+    return index | ((p & 1) << 7)
+
+
+@triton.jit
+def _signed(scale, sign_byte):
+    """scale [BN, 4, 4] float32 (a row of 8 values each), sign bytes [BN, 4, 4] int32 -> [BN, 4, 4, 8] float32: the
+    scale with bit j of the byte as the sign of value j, xor-ed into the float's sign bit (no compare or select)."""
+    bit31 = (sign_byte[:, :, :, None] << (31 - tl.arange(0, 8))[None, None, None, :]) & -2147483648
+    return (scale.to(tl.int32, bitcast=True)[:, :, :, None] ^ bit31).to(tl.float32, bitcast=True)
 
 
 @triton.jit
 def _grid_rows(grid_ptr, index, QTYPE: tl.constexpr):
-    """[BN, 4, c] int32 grid indexes -> their grid rows as float32 [BN, 4, c, 8 (IQ2) or 4 (IQ3)].  A row is one
-    32-bit word of level numbers (grid_table: 2 bits a value for IQ2, 3 for IQ3), so the gather stays small (a
-    float32 row gather was staged through 64 KiB of shared memory by the pipeliner); levels to values by
-    arithmetic on GRID_LEVELS: IQ2 8, 25, 43 = 8 + 17 c + c // 2; IQ3_XXS 4 + 8 c, but 62 for c = 7; IQ3_S 1 + 2 c."""
-    row = tl.load(grid_ptr + index)
-    if QTYPE == 19 or QTYPE == 29:  # IQ1: -1, 0, 1 = c - 1
-        c = (row[:, :, :, None] >> (2 * tl.arange(0, 8))[None, None, None, :]) & 3
-        return (c | 0x4B000000).to(tl.float32, bitcast=True) - 8388609.0
-    if QTYPE == 18 or QTYPE == 21:
-        c = (row[:, :, :, None] >> (3 * tl.arange(0, 4))[None, None, None, :]) & 7
-        if QTYPE == 18:
-            v = 4 + 8 * c + 2 * ((c + 1) >> 3)
-        else:
-            v = 1 + 2 * c
-    else:
-        c = (row[:, :, :, None] >> (2 * tl.arange(0, 8))[None, None, None, :]) & 3
-        v = 8 + 17 * c + (c >> 1)
-    return (v | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0  # the integer, no conversion instruction
+    """[BN, 4, c] int32 grid indexes -> their grid rows as float32 [BN, 4, c, 8 (IQ1, IQ2) or 4 (IQ3)]: a row is 8
+    or 4 value bytes of the uint8 table (grid_table; IQ1's -1, 0, 1 held as v + 1), one vector load a row."""
+    W: tl.constexpr = 4 if (QTYPE == 18 or QTYPE == 21) else 8
+    OFFSET: tl.constexpr = 8388609.0 if (QTYPE == 19 or QTYPE == 29) else 8388608.0  # 2**23 (+ 1 for IQ1)
+    b = tl.load(grid_ptr + index[:, :, :, None] * W + tl.arange(0, W)[None, None, None, :])
+    return (b.to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True) - OFFSET  # the integer, no conversion op
 
 
 @triton.jit
@@ -390,18 +380,17 @@ def _decode_step(raw, i, grid_ptr, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
         word = _word32(pairs)                                                                # [BN, 4]
         half_s = ((word >> 28) & 15).to(tl.float32) + 0.5
         db = d.to(tl.float16, bitcast=True).to(tl.float32)[:, None] * (half_s * (0.25 if QTYPE == 16 else 0.5))
-        signs = _ksign_bits((word[:, :, None] >> (7 * tl.arange(0, 4))[None, None, :]) & 127)  # [BN, 4, 4, 8]
+        signs = _ksign_byte((word[:, :, None] >> (7 * tl.arange(0, 4))[None, None, :]) & 127)  # [BN, 4, 4]
         v = tl.reshape(_grid_rows(grid_ptr, idx.to(tl.int32), QTYPE), (BLOCK_N, 4, 4, 8))
-        w = tl.where(signs != 0, -v, v) * db[:, :, None, None]
+        w = v * _signed(tl.broadcast_to(db[:, :, None], (BLOCK_N, 4, 4)), signs)
     elif QTYPE == 17:
         # IQ2_XS: word l of group g: grid row (low 9 bits) and sign index (high 7); scale nibble l // 2 of byte g
         d, q, sc, _ = raw
         qi = q.to(tl.int32) & 0xFFFF
-        signs = _ksign_bits(qi >> 9)
         v = _grid_rows(grid_ptr, qi & 511, QTYPE)                                            # [BN, 4, 4, 8]
         nib = (sc.to(tl.int32)[:, :, None] >> (4 * (tl.arange(0, 4) // 2))[None, None, :]) & 15
         db = d.to(tl.float16, bitcast=True).to(tl.float32)[:, None, None] * ((nib.to(tl.float32) + 0.5) * 0.25)
-        w = tl.where(signs != 0, -v, v) * db[:, :, :, None]
+        w = v * _signed(db, _ksign_byte(qi >> 9))
     elif QTYPE == 22:
         # IQ2_S: row l of group g: low byte l | bits 2l..2l+1 of qh byte g << 8; sign byte l; scale nibble l // 2
         d, lo, sg, hs = raw
@@ -409,10 +398,9 @@ def _decode_step(raw, i, grid_ptr, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
         ll = tl.arange(0, 4)[None, None, :]
         idx = lo.to(tl.int32) | (((qh.to(tl.int32)[:, :, None] >> (2 * ll)) & 3) << 8)
         v = _grid_rows(grid_ptr, idx, QTYPE)                                                 # [BN, 4, 4, 8]
-        signs = _bits8(sg.to(tl.int32))
         nib = (sc.to(tl.int32)[:, :, None] >> (4 * (ll // 2))) & 15
         db = d.to(tl.float16, bitcast=True).to(tl.float32)[:, None, None] * ((nib.to(tl.float32) + 0.5) * 0.25)
-        w = tl.where(signs != 0, -v, v) * db[:, :, :, None]
+        w = v * _signed(db, sg.to(tl.int32))
     elif QTYPE == 21:
         # IQ3_S: row m of group g: low byte m | bit m of qh byte g << 8 (4 values); sign byte l covers rows 2l, 2l + 1;
         # scale nibble g % 2 of byte g // 2, w = d (1 + 2 s) v
@@ -421,10 +409,9 @@ def _decode_step(raw, i, grid_ptr, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
         m = tl.arange(0, 8)[None, None, :]
         full = idx.to(tl.int32) | (((qh.to(tl.int32)[:, :, None] >> m) & 1) << 8)           # [BN, 4, 8]
         v = tl.reshape(_grid_rows(grid_ptr, full, QTYPE), (BLOCK_N, 4, 4, 8))
-        signs = _bits8(sg.to(tl.int32))
         nib = (sc.to(tl.int32) >> (4 * (tl.arange(0, 4) % 2))[None, :]) & 15                # [BN, 4]
         db = d.to(tl.float16, bitcast=True).to(tl.float32)[:, None] * (1 + 2 * nib).to(tl.float32)
-        w = tl.where(signs != 0, -v, v) * db[:, :, None, None]
+        w = v * _signed(tl.broadcast_to(db[:, :, None], (BLOCK_N, 4, 4)), sg.to(tl.int32))
     elif QTYPE == 19:
         # IQ1_S: row l of group g: low byte l | bits 3l..3l+2 of word g << 8; word bits 12-14: scale s, bit 15: the
         # sign of delta; w = d (2 s + 1) (v + delta)
@@ -819,39 +806,33 @@ def _silu_mul_splits_kernel(part_ptr, act_ptr, splits, inter, stride_ps, stride_
 # ----------------------------------------------------------------------------------------------------------------
 
 
-# The IQ2/IQ3 grids: gguf.quants' tables (llama.cpp's, decoded by the gguf package), rows of 8 (IQ2) or 4 (IQ3)
-# values, each value one of a few levels.  GRID_LEVELS: the levels _grid_rows computes from a level number; the
-# table is checked against them when it is made.
+# The IQ1/IQ2/IQ3 grids: gguf.quants' tables (llama.cpp's, decoded by the gguf package), rows of 8 (IQ1, IQ2) or 4
+# (IQ3) small integers, held on the device as their bytes (IQ1's -1, 0, 1 plus GRID_IQ1_OFFSET, which _grid_rows
+# takes off again).
 _GRID_QUANTS = {IQ1_S: gguf.quants.IQ1_S, IQ1_M: gguf.quants.IQ1_M, IQ2_XXS: gguf.quants.IQ2_XXS,
                 IQ2_XS: gguf.quants.IQ2_XS, IQ2_S: gguf.quants.IQ2_S, IQ3_XXS: gguf.quants.IQ3_XXS,
                 IQ3_S: gguf.quants.IQ3_S}
-_IQ2_LEVELS = (8, 25, 43)
-GRID_LEVELS = {IQ1_S: (-1, 0, 1), IQ1_M: (-1, 0, 1), IQ2_XXS: _IQ2_LEVELS, IQ2_XS: _IQ2_LEVELS, IQ2_S: _IQ2_LEVELS,
-               IQ3_XXS: (4, 12, 20, 28, 36, 44, 52, 62), IQ3_S: (1, 3, 5, 7, 9, 11, 13, 15)}
+GRID_IQ1_OFFSET = 1
 _grid_tables: dict[tuple[int, str], torch.Tensor] = {}
 
 
-def _packed_grid(qtype: int) -> torch.Tensor:
-    """gguf.quants' grid of ``qtype`` as int32 [entries]: value j of a row is level number c at bits
-    bits*j.. (bits 2 for IQ2, 3 for IQ3) with GRID_LEVELS[qtype][c] the value."""
+def _grid_bytes(qtype: int) -> torch.Tensor:
+    """gguf.quants' grid of ``qtype`` as uint8 [entries, row width]: the values (IQ1: + GRID_IQ1_OFFSET), checked
+    to be whole numbers that fit a byte."""
     quant = _GRID_QUANTS[qtype]
     if qtype in (IQ1_S, IQ1_M) and float(quant.delta) != IQ1_DELTA.value:
         raise ValueError(f"gguf.quants.{quant.__name__}.delta is {quant.delta}, the kernels use {IQ1_DELTA.value}")
     quant.init_grid()
-    grid = torch.from_numpy(quant.grid.reshape(quant.grid_shape).copy())
-    levels = torch.tensor(GRID_LEVELS[qtype], dtype=grid.dtype)
-    codes = (grid[..., None] == levels).to(torch.int64).argmax(-1)
-    if not torch.equal(levels[codes], grid):
-        found = sorted(set(grid.unique().tolist()) - set(levels.tolist()))
-        raise ValueError(f"gguf.quants.{quant.__name__}.grid holds values {found} outside the levels "
-                         f"{GRID_LEVELS[qtype]} the kernels compute")
-    bits = 3 if len(levels) > 4 else 2
-    shifts = bits * torch.arange(grid.shape[1], dtype=torch.int64)
-    return (codes << shifts).sum(-1).to(torch.int32)
+    grid = torch.from_numpy(quant.grid.reshape(quant.grid_shape).astype("float64"))
+    grid = grid + (GRID_IQ1_OFFSET if qtype in (IQ1_S, IQ1_M) else 0)
+    if not (torch.equal(grid, grid.round()) and grid.min() >= 0 and grid.max() <= 255):
+        raise ValueError(f"gguf.quants.{quant.__name__}.grid holds values the kernels cannot hold as bytes "
+                         f"(from {grid.min().item()} to {grid.max().item()})")
+    return grid.to(torch.uint8)
 
 
 def grid_table(qtype: int, device: torch.device) -> torch.Tensor:
-    """The int32 grid rows of an IQ2/IQ3 type on ``device`` (made on the first call: vLLM's profile run makes it
+    """The uint8 grid rows of an IQ1/IQ2/IQ3 type on ``device`` (made on the first call: vLLM's profile run makes it
     before CUDA graphs are captured, and a capture that would have to copy it is refused)."""
     key = (qtype if qtype in _GRID_QUANTS else -1, str(device))
     table = _grid_tables.get(key)
@@ -859,7 +840,7 @@ def grid_table(qtype: int, device: torch.device) -> torch.Tensor:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError(f"GGUF grid table of type {qtype} requested first during CUDA graph capture: run the "
                                "model once before capturing (vLLM's profile run does)")
-        table = (torch.zeros(1, dtype=torch.int32) if key[0] == -1 else _packed_grid(qtype)).to(device)
+        table = (torch.zeros(1, dtype=torch.uint8) if key[0] == -1 else _grid_bytes(qtype)).to(device)
         _grid_tables[key] = table
     return table
 
@@ -1150,15 +1131,15 @@ def _moe_decode_mma(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, mma13: 
 # every compiled variant (for the offline compile test: tests/kernels/test_compile_targets_gguf_matmul.py)
 # ----------------------------------------------------------------------------------------------------------------
 
-_LINEAR_SIG = {"x_ptr": "*bf16", "w_ptr": "*u8", "grid_ptr": "*i32", "out_ptr": "*bf16", "M": "i32", "N": "i32",
+_LINEAR_SIG = {"x_ptr": "*bf16", "w_ptr": "*u8", "grid_ptr": "*u8", "out_ptr": "*bf16", "M": "i32", "N": "i32",
                "stride_xm": "i32",
                "stride_wn": "i32", "stride_os": "i32", "stride_om": "i32", "steps_per_split": "i32",
                "num_steps": "i32"}
 _SILU_SIG = {"part_ptr": "*fp32", "act_ptr": "*bf16", "splits": "i32", "inter": "i32", "stride_ps": "i32",
              "stride_pr": "i32", "stride_ar": "i32"}
-_DEQUANT_SIG = {"w_ptr": "*u8", "grid_ptr": "*i32", "out_ptr": "*bf16", "N": "i32", "stride_wn": "i32",
+_DEQUANT_SIG = {"w_ptr": "*u8", "grid_ptr": "*u8", "out_ptr": "*bf16", "N": "i32", "stride_wn": "i32",
                 "stride_on": "i32"}
-_MOE_SIG = {"x_ptr": "*bf16", "w_ptr": "*u8", "grid_ptr": "*i32", "out_ptr": "*bf16", "route_w_ptr": "*fp32",
+_MOE_SIG = {"x_ptr": "*bf16", "w_ptr": "*u8", "grid_ptr": "*u8", "out_ptr": "*bf16", "route_w_ptr": "*fp32",
             "sorted_ids_ptr": "*i32",
             "expert_ids_ptr": "*i32", "num_padded_ptr": "*i32", "N": "i32", "num_steps": "i32",
             "steps_per_split": "i32", "num_valid": "i32", "a_row_div": "i32", "stride_xm": "i32",

@@ -134,3 +134,22 @@ def test_dequantize_kernel_every_type(name):
     for dtype, u in ((torch.float32, 2.0 ** -24), (torch.float16, 2.0 ** -11)):
         got = gm.gguf_dequantize(w, qt, k, dtype).double()
         assert ((got - w64).abs() <= 2 * u * scale).all(), (name, dtype)
+
+
+def test_grid_tables_hold_the_gguf_grids_as_bytes_and_refuse_values_that_do_not_fit(monkeypatch):
+    """The IQ kernels read gguf.quants' own grids from a uint8 table (IQ1: value + 1); a grid the bytes cannot hold
+    is refused in one line naming it, not silently truncated."""
+    import gguf
+    quants = {gm.IQ2_XXS: gguf.quants.IQ2_XXS, gm.IQ2_S: gguf.quants.IQ2_S, gm.IQ3_XXS: gguf.quants.IQ3_XXS,
+              gm.IQ3_S: gguf.quants.IQ3_S, gm.IQ2_XS: gguf.quants.IQ2_XS, gm.IQ1_S: gguf.quants.IQ1_S,
+              gm.IQ1_M: gguf.quants.IQ1_M}
+    for qt, quant in quants.items():
+        quant.init_grid()
+        table = gm.grid_table(qt, torch.device("cpu"))
+        offset = gm.GRID_IQ1_OFFSET if qt in (gm.IQ1_S, gm.IQ1_M) else 0
+        assert table.dtype == torch.uint8 and table.shape == quant.grid_shape
+        assert torch.equal(table.double() - offset, torch.from_numpy(quant.grid.reshape(quant.grid_shape)).double())
+    assert gm.grid_table(gm.Q4_K, torch.device("cpu")).numel() == 1  # other types: a placeholder never read
+    monkeypatch.setattr(gguf.quants.IQ3_S, "grid", gguf.quants.IQ3_S.grid * 20)
+    with pytest.raises(ValueError, match=r"gguf.quants.IQ3_S.grid holds values the kernels cannot hold as bytes"):
+        gm._grid_bytes(gm.IQ3_S)
