@@ -44,8 +44,8 @@ Block layouts (``gguf.GGML_QUANT_SIZES``; checked against the ``gguf`` package's
                      of 3-bit scales per 16 values whose top nibbles make fp16 d;  w = d*(2 s + 1)*(v +- 1/8)
 The IQ1/IQ2/IQ3 grids are gguf.quants' own tables (grid_table), held on the device as bytes; a 7-bit sign
 index stands for the byte of those 7 bits plus an 8th that makes the parity even (llama.cpp's ksigns).
-(kernel_coverage.KERNEL_TYPES_AWAITING_GPU — Q2_K, Q3_K, IQ4_XS, IQ4_NL and the IQ2/IQ3 types: tested in the
-interpreter, not yet served.)
+(kernel_coverage.KERNEL_TYPES_AWAITING_GPU — every type here but Q4_K, Q6_K, Q5_K, Q8_0: tested in the interpreter,
+not yet served.)
 
 Two kernels share that step: :func:`_linear_kernel` (x @ W.T, optionally split over K for decode-sized M) and
 :func:`_moe_kernel` (rows grouped by expert with the usual (sorted ids, expert of each block, padded count)
@@ -119,6 +119,13 @@ def _iq4_values(q):
     word = tl.where(q < 8, _IQ4_VALUES_LO, _IQ4_VALUES_HI)
     byte = ((word >> (8 * (q & 7)).to(tl.int64)) & 0xFF).to(tl.int32)   # the value's two's-complement byte
     return ((byte ^ 0x80) | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0
+
+
+@triton.jit
+def _exact_float(n, OFFSET: tl.constexpr = 0.0):
+    """int32 n in [0, 2**23) -> float32 n - OFFSET, exactly, by the 2**23 magic (an int-to-float conversion runs at a
+    fraction of the FMA rate, and the tile layouts repeat per-group scale arithmetic for every weight)."""
+    return (n | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + OFFSET)
 
 
 @triton.jit
@@ -372,13 +379,13 @@ def _nibbles(codes, qh, shift, BF16: tl.constexpr, Q5: tl.constexpr):
 @triton.jit
 def _decode_step(raw, i, grid_ptr, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
     """The loads of :func:`_load_step` as float32 weights [BLOCK_N, 128] in natural k order (``grid_ptr``: the
-    type's grid table for IQ2/IQ3 types, unread otherwise)."""
+    type's grid table for IQ1/IQ2/IQ3 types, unread otherwise)."""
     if QTYPE == 16 or QTYPE == 18:
         # IQ2_XXS / IQ3_XXS: group g of 32 values = 4 sign groups l of 8; its word holds sign index l at bits 7 l and
         # the scale s at bits 28-31; IQ2_XXS: 4 grid rows of 8 values, IQ3_XXS: 8 rows of 4
         d, idx, pairs, _ = raw
         word = _word32(pairs)                                                                # [BN, 4]
-        half_s = ((word >> 28) & 15).to(tl.float32) + 0.5
+        half_s = _exact_float((word >> 28) & 15, -0.5)
         db = d.to(tl.float16, bitcast=True).to(tl.float32)[:, None] * (half_s * (0.25 if QTYPE == 16 else 0.5))
         signs = _ksign_byte((word[:, :, None] >> (7 * tl.arange(0, 4))[None, None, :]) & 127)  # [BN, 4, 4]
         v = tl.reshape(_grid_rows(grid_ptr, idx.to(tl.int32), QTYPE), (BLOCK_N, 4, 4, 8))
@@ -389,7 +396,7 @@ def _decode_step(raw, i, grid_ptr, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
         qi = q.to(tl.int32) & 0xFFFF
         v = _grid_rows(grid_ptr, qi & 511, QTYPE)                                            # [BN, 4, 4, 8]
         nib = (sc.to(tl.int32)[:, :, None] >> (4 * (tl.arange(0, 4) // 2))[None, None, :]) & 15
-        db = d.to(tl.float16, bitcast=True).to(tl.float32)[:, None, None] * ((nib.to(tl.float32) + 0.5) * 0.25)
+        db = d.to(tl.float16, bitcast=True).to(tl.float32)[:, None, None] * (_exact_float(nib, -0.5) * 0.25)
         w = v * _signed(db, _ksign_byte(qi >> 9))
     elif QTYPE == 22:
         # IQ2_S: row l of group g: low byte l | bits 2l..2l+1 of qh byte g << 8; sign byte l; scale nibble l // 2
@@ -399,7 +406,7 @@ def _decode_step(raw, i, grid_ptr, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
         idx = lo.to(tl.int32) | (((qh.to(tl.int32)[:, :, None] >> (2 * ll)) & 3) << 8)
         v = _grid_rows(grid_ptr, idx, QTYPE)                                                 # [BN, 4, 4, 8]
         nib = (sc.to(tl.int32)[:, :, None] >> (4 * (ll // 2))) & 15
-        db = d.to(tl.float16, bitcast=True).to(tl.float32)[:, None, None] * ((nib.to(tl.float32) + 0.5) * 0.25)
+        db = d.to(tl.float16, bitcast=True).to(tl.float32)[:, None, None] * (_exact_float(nib, -0.5) * 0.25)
         w = v * _signed(db, sg.to(tl.int32))
     elif QTYPE == 21:
         # IQ3_S: row m of group g: low byte m | bit m of qh byte g << 8 (4 values); sign byte l covers rows 2l, 2l + 1;
@@ -410,7 +417,7 @@ def _decode_step(raw, i, grid_ptr, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
         full = idx.to(tl.int32) | (((qh.to(tl.int32)[:, :, None] >> m) & 1) << 8)           # [BN, 4, 8]
         v = tl.reshape(_grid_rows(grid_ptr, full, QTYPE), (BLOCK_N, 4, 4, 8))
         nib = (sc.to(tl.int32) >> (4 * (tl.arange(0, 4) % 2))[None, :]) & 15                # [BN, 4]
-        db = d.to(tl.float16, bitcast=True).to(tl.float32)[:, None] * (1 + 2 * nib).to(tl.float32)
+        db = d.to(tl.float16, bitcast=True).to(tl.float32)[:, None] * _exact_float(1 + 2 * nib)
         w = v * _signed(tl.broadcast_to(db[:, :, None], (BLOCK_N, 4, 4)), sg.to(tl.int32))
     elif QTYPE == 19:
         # IQ1_S: row l of group g: low byte l | bits 3l..3l+2 of word g << 8; word bits 12-14: scale s, bit 15: the
@@ -420,7 +427,7 @@ def _decode_step(raw, i, grid_ptr, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
         idx = lo.to(tl.int32) | (((hw[:, :, None] >> (3 * tl.arange(0, 4))[None, None, :]) & 7) << 8)
         v = _grid_rows(grid_ptr, idx, QTYPE)                                                 # [BN, 4, 4, 8]
         delta = tl.where((hw & 0x8000) != 0, -IQ1_DELTA, IQ1_DELTA)
-        dl = d.to(tl.float16, bitcast=True).to(tl.float32)[:, None] * (2 * ((hw >> 12) & 7) + 1).to(tl.float32)
+        dl = d.to(tl.float16, bitcast=True).to(tl.float32)[:, None] * _exact_float(2 * ((hw >> 12) & 7) + 1)
         w = dl[:, :, None, None] * (v + delta[:, :, None, None])
     elif QTYPE == 29:
         # IQ1_M: row l of group g (ib = 4 hf + g): low byte l | low 3 bits of its nibble (nibble l % 2 of qh byte
@@ -437,7 +444,7 @@ def _decode_step(raw, i, grid_ptr, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
         v = _grid_rows(grid_ptr, idx, QTYPE)
         delta = tl.where((nib & 8) != 0, -IQ1_DELTA, IQ1_DELTA)
         sc = ((scw.to(tl.int32)[:, :, None] & 0xFFFF) >> (3 * ((2 * g + ll // 2) % 4))) & 7  # [BN, 4, 4]
-        dl = d[:, None, None] * (2 * sc + 1).to(tl.float32)
+        dl = d[:, None, None] * _exact_float(2 * sc + 1)
         w = dl[:, :, :, None] * (v + delta[:, :, :, None])
     elif QTYPE == 2 or QTYPE == 3 or QTYPE == 6 or QTYPE == 7:
         # value 16 h + l of a block: nibble h of code byte l (| bit 16 h + l of qh << 4 for Q5_0/Q5_1)
@@ -478,8 +485,8 @@ def _decode_step(raw, i, grid_ptr, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
         q = (tl.reshape(qs, (BLOCK_N, 1, 2, 16)).to(tl.int32) >> (2 * j)) & 3                 # [BN, 4, 2, 16]
         qf = (q | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0                        # q, no conversion op
         sc3 = tl.reshape(sc, (BLOCK_N, 4, 2)).to(tl.int32)
-        dl = d[:, None, None] * (sc3 & 15).to(tl.float32)
-        ml = dmin[:, None, None] * (sc3 >> 4).to(tl.float32)
+        dl = d[:, None, None] * _exact_float(sc3 & 15)
+        ml = dmin[:, None, None] * _exact_float(sc3 >> 4)
         w = dl[:, :, :, None] * qf - ml[:, :, :, None]
     elif QTYPE == 11:
         # Q3_K: value 32 j + 16 h + l of half hf = bits 2j of code byte 16 h + l, minus 4 unless bit 4 hf + j of
@@ -498,7 +505,7 @@ def _decode_step(raw, i, grid_ptr, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
         t = tl.arange(0, 8)[None, :]
         low = tl.where(hf == 0, lo8 & 15, lo8 >> 4)
         high = (hx >> (4 * hf + 2 * (t // 4))) & 3
-        scale = ((low | (high << 4)) - 32).to(tl.float32)
+        scale = _exact_float(low | (high << 4), 32.0)
         dl = d.to(tl.float16, bitcast=True).to(tl.float32)[:, None, None] * tl.reshape(scale, (BLOCK_N, 4, 2))
         w = dl[:, :, :, None] * qf
     elif QTYPE == 20:
@@ -517,7 +524,7 @@ def _decode_step(raw, i, grid_ptr, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
         sh = sh16.to(tl.int32) & 0xFFFF
         low = tl.reshape((sl.to(tl.int32)[:, :, None] >> (4 * tl.arange(0, 2))[None, None, :]) & 15, (BLOCK_N, 4))
         high = (sh[:, None] >> (2 * (4 * hf + tl.arange(0, 4)))[None, :]) & 3
-        dl = d[:, None] * ((low | (high << 4)) - 32).to(tl.float32)                          # [BN, 4]
+        dl = d[:, None] * _exact_float(low | (high << 4), 32.0)                              # [BN, 4]
         qi = q.to(tl.int32)
         v = _iq4_values(tl.join(qi & 15, qi >> 4))                                           # [BN, 4, 16, 2]
         w = dl[:, :, None, None] * tl.permute(v, (0, 1, 3, 2))
@@ -813,7 +820,7 @@ _GRID_QUANTS = {IQ1_S: gguf.quants.IQ1_S, IQ1_M: gguf.quants.IQ1_M, IQ2_XXS: ggu
                 IQ2_XS: gguf.quants.IQ2_XS, IQ2_S: gguf.quants.IQ2_S, IQ3_XXS: gguf.quants.IQ3_XXS,
                 IQ3_S: gguf.quants.IQ3_S}
 GRID_IQ1_OFFSET = 1
-_grid_tables: dict[tuple[int, str], torch.Tensor] = {}
+_grid_tables: dict[tuple[int, torch.device], torch.Tensor] = {}
 
 
 def _grid_bytes(qtype: int) -> torch.Tensor:
@@ -834,15 +841,20 @@ def _grid_bytes(qtype: int) -> torch.Tensor:
 def grid_table(qtype: int, device: torch.device) -> torch.Tensor:
     """The uint8 grid rows of an IQ1/IQ2/IQ3 type on ``device`` (made on the first call: vLLM's profile run makes it
     before CUDA graphs are captured, and a capture that would have to copy it is refused)."""
-    key = (qtype if qtype in _GRID_QUANTS else -1, str(device))
-    table = _grid_tables.get(key)
+    if qtype not in _GRID_QUANTS:
+        raise ValueError(f"GGUF type {qtype} has no grid (the IQ1/IQ2/IQ3 types do: {tuple(_GRID_QUANTS)})")
+    table = _grid_tables.get((qtype, device))
     if table is None:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError(f"GGUF grid table of type {qtype} requested first during CUDA graph capture: run the "
                                "model once before capturing (vLLM's profile run does)")
-        table = (torch.zeros(1, dtype=torch.uint8) if key[0] == -1 else _grid_bytes(qtype)).to(device)
-        _grid_tables[key] = table
+        table = _grid_tables[(qtype, device)] = _grid_bytes(qtype).to(device)
     return table
+
+
+def _grid_arg(qtype: int, weight: torch.Tensor) -> torch.Tensor:
+    """The kernels' grid_ptr: the type's grid table, or for a type without one the weight itself (never read)."""
+    return grid_table(qtype, weight.device) if qtype in _GRID_QUANTS else weight
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
@@ -859,6 +871,9 @@ def _check_weight(w: torch.Tensor, qtype: int, k: int, what: str) -> None:
     if w.shape[-1] < row_bytes(qtype, k) or w.stride(-1) != 1:
         raise ValueError(f"{what}: rows of {w.shape[-1]} bytes (stride {w.stride(-1)}), expected "
                          f"{row_bytes(qtype, k)} contiguous bytes for K={k}")
+    if w.data_ptr() % 2 or any(st % 2 for st in w.stride()[:-1]):  # the kernels read scales as 16-bit words
+        raise ValueError(f"{what}: rows start at odd byte addresses (address {w.data_ptr()}, strides {w.stride()}), "
+                         "expected 2-byte aligned rows")
 
 
 CPU_NUM_SMS = 16  # what the plans assume in the interpreter
@@ -912,7 +927,7 @@ def gguf_dequantize(qweight: torch.Tensor, qtype: int, k: int, dtype: torch.dtyp
     _check_weight(qweight, qtype, k, "gguf_dequantize weight")
     out = torch.empty(n, k, dtype=dtype, device=qweight.device) if out is None else out
     if n:
-        _dequant_kernel[(triton.cdiv(n, 32), k // STEP_K)](qweight, grid_table(qtype, qweight.device), out, n,
+        _dequant_kernel[(triton.cdiv(n, 32), k // STEP_K)](qweight, _grid_arg(qtype, qweight), out, n,
                                                            qweight.stride(0), out.stride(0), QTYPE=qtype, BLOCK_N=32,
                                                            num_warps=4)
     return out
@@ -946,7 +961,7 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int, n: int | Non
     split = plan["split"]
     dst = out if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(m, plan["BLOCK_M"]), triton.cdiv(n, plan["BLOCK_N"]), split)
-    _linear_kernel[grid](x, qweight, grid_table(qtype, x.device), dst, m, n, x.stride(0), qweight.stride(0),
+    _linear_kernel[grid](x, qweight, _grid_arg(qtype, qweight), dst, m, n, x.stride(0), qweight.stride(0),
                          dst.stride(0) if split > 1 else 0, dst.stride(-2), plan["steps_per_split"], k // STEP_K,
                          QTYPE=qtype,
                          BLOCK_M=plan["BLOCK_M"], BLOCK_N=plan["BLOCK_N"], DOT_PRECISION=_dot_precision(x.dtype),
@@ -1044,7 +1059,7 @@ def gguf_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights:
         act = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
         bn = plan["BLOCK_N"]
         _moe_kernel[(m_blocks * triton.cdiv(inter, bn), 1)](
-            x, w13, grid_table(qtype13, x.device), act, topk_weights, sorted_ids, expert_ids, num_padded, inter,
+            x, w13, _grid_arg(qtype13, w13), act, topk_weights, sorted_ids, expert_ids, num_padded, inter,
             steps, steps, pairs, top_k,
             x.stride(0), w13.stride(0), w13.stride(1), 0, act.stride(0), BLOCK_N=bn, GATED=True,
             ROUTE_WEIGHTED=False, **common)
@@ -1055,7 +1070,7 @@ def gguf_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights:
         split, per_split = _split(busy_blocks * triton.cdiv(two_i, bn), steps, num_sms, plan["ctas_per_sm"])
         part = torch.empty(split, pairs, two_i, dtype=torch.float32, device=x.device)
         _moe_kernel[(m_blocks * triton.cdiv(two_i, bn), split)](
-            x, w13, grid_table(qtype13, x.device), part, topk_weights, sorted_ids, expert_ids, num_padded, two_i,
+            x, w13, _grid_arg(qtype13, w13), part, topk_weights, sorted_ids, expert_ids, num_padded, two_i,
             steps, per_split, pairs, top_k,
             x.stride(0), w13.stride(0), w13.stride(1), part.stride(0), part.stride(1), BLOCK_N=bn, GATED=False,
             ROUTE_WEIGHTED=False, **common)
@@ -1066,7 +1081,7 @@ def gguf_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights:
     bn = plan["BLOCK_N_W2"]
     common["QTYPE"] = qtype2
     _moe_kernel[(m_blocks * triton.cdiv(h, bn), 1)](
-        act, w2, grid_table(qtype2, x.device), down, topk_weights.reshape(-1), sorted_ids, expert_ids, num_padded, h,
+        act, w2, _grid_arg(qtype2, w2), down, topk_weights.reshape(-1), sorted_ids, expert_ids, num_padded, h,
         inter // STEP_K,
         inter // STEP_K, pairs, 1, act.stride(0), w2.stride(0), w2.stride(1), 0, down.stride(0), BLOCK_N=bn,
         GATED=False, ROUTE_WEIGHTED=True, **common)
@@ -1101,7 +1116,7 @@ def _moe_decode_mma(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, mma13: 
         split, per_split = _split(busy_blocks * triton.cdiv(two_i, bn), steps, num_sms, plan["ctas_per_sm"])
         part = torch.empty(split, pairs, two_i, dtype=torch.float32, device=x.device)
         _moe_kernel[(expert_ids.numel() * triton.cdiv(two_i, bn), split)](
-            x, w13, grid_table(qtype13, x.device), part, topk_weights, sorted_ids, expert_ids, num_padded, two_i,
+            x, w13, _grid_arg(qtype13, w13), part, topk_weights, sorted_ids, expert_ids, num_padded, two_i,
             steps, per_split, pairs, top_k,
             x.stride(0), w13.stride(0), w13.stride(1), part.stride(0), part.stride(1), QTYPE=qtype13,
             BLOCK_M=plan["BLOCK_M"], BLOCK_N=bn, GATED=False, ROUTE_WEIGHTED=False,
@@ -1119,7 +1134,7 @@ def _moe_decode_mma(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, mma13: 
         sorted_ids, expert_ids, num_padded = route_tile
         bn = plan["BLOCK_N_W2"]
         _moe_kernel[(expert_ids.numel() * triton.cdiv(h, bn), 1)](
-            act, w2, grid_table(qtype2, x.device), down, route_w, sorted_ids, expert_ids, num_padded, h,
+            act, w2, _grid_arg(qtype2, w2), down, route_w, sorted_ids, expert_ids, num_padded, h,
             inter // STEP_K, inter // STEP_K, pairs,
             1, act.stride(0), w2.stride(0), w2.stride(1), 0, down.stride(0), QTYPE=qtype2, BLOCK_M=plan["BLOCK_M"],
             BLOCK_N=bn, GATED=False, ROUTE_WEIGHTED=True, DOT_PRECISION=_dot_precision(x.dtype),

@@ -46,8 +46,8 @@ def test_the_line_names_the_types_whose_shim_kernels_wait_for_the_gpu(q2k_plan):
     present = [name for name in waiting if name in matmul_paths(q2k_plan)["vllm"]]
     assert present, "the Q2_K preset should hold a type whose kernel waits for the GPU"
     assert f"shim kernels for {'/'.join(present)} are written and wait for their GPU tests" in line
-    no_wait = format_matmul_paths({"shim": {"Q4_K": 3}, "vllm": {"IQ1_S": 2}})
-    assert "wait for their GPU tests" not in no_wait and "IQ1_S x2" in no_wait
+    no_wait = format_matmul_paths({"shim": {"Q4_K": 3}, "vllm": {"TQ1_0": 2}})  # a type with no shim kernel
+    assert "wait for their GPU tests" not in no_wait and "TQ1_0 x2" in no_wait
 
 
 def test_the_line_says_where_decode_runs_with_and_without_the_mma_switch(monkeypatch):

@@ -72,6 +72,8 @@ def test_bad_weights_are_refused_in_one_line():
         gm.gguf_linear(x, torch.zeros(4, 576, dtype=torch.uint8), 9)
     with pytest.raises(ValueError, match="expected 288 contiguous bytes"):
         gm.gguf_linear(x, torch.zeros(4, 200, dtype=torch.uint8), gm.Q4_K)
+    with pytest.raises(ValueError, match="expected 2-byte aligned rows"):
+        gm.gguf_linear(x, torch.zeros(4 * 288 + 1, dtype=torch.uint8)[1:].view(4, 288), gm.Q4_K)
     with pytest.raises(ValueError, match="K=320 is not a multiple of 256"):
         gm.gguf_linear(torch.randn(2, 320), torch.zeros(4, 360, dtype=torch.uint8), gm.Q8_0)
 
@@ -149,7 +151,8 @@ def test_grid_tables_hold_the_gguf_grids_as_bytes_and_refuse_values_that_do_not_
         offset = gm.GRID_IQ1_OFFSET if qt in (gm.IQ1_S, gm.IQ1_M) else 0
         assert table.dtype == torch.uint8 and table.shape == quant.grid_shape
         assert torch.equal(table.double() - offset, torch.from_numpy(quant.grid.reshape(quant.grid_shape)).double())
-    assert gm.grid_table(gm.Q4_K, torch.device("cpu")).numel() == 1  # other types: a placeholder never read
+    with pytest.raises(ValueError, match="GGUF type 12 has no grid"):
+        gm.grid_table(gm.Q4_K, torch.device("cpu"))
     monkeypatch.setattr(gguf.quants.IQ3_S, "grid", gguf.quants.IQ3_S.grid * 20)
     with pytest.raises(ValueError, match=r"gguf.quants.IQ3_S.grid holds values the kernels cannot hold as bytes"):
         gm._grid_bytes(gm.IQ3_S)
