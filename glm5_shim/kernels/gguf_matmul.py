@@ -279,8 +279,9 @@ def _load_step(wp, i, QTYPE: tl.constexpr):
         hf = i % 2
         hm = tl.load(sbp[:, None] + tl.arange(0, 32)[None, :])                              # [BN, 32] high bits
         qs = tl.load(sbp[:, None] + 32 + 32 * hf + tl.arange(0, 32)[None, :])               # [BN, 32]
-        cols = tl.arange(0, 16)[None, :]
-        sc = tl.load(sbp[:, None] + 96 + cols, mask=cols < 12, other=0)                    # [BN, 16] (12 bytes)
+        t = tl.arange(0, 8)[None, :, None]
+        which = tl.arange(0, 2)[None, None, :]
+        sc = tl.load(sbp[:, None, None] + 96 + tl.where(which == 0, t, 8 + t % 4))  # [BN, 8, 2]: bytes t, 8 + t % 4
         d = tl.load((sbp + 108).to(tl.pointer_type(tl.int16)))                              # [BN]
         return d, qs, hm, sc
     else:
@@ -496,14 +497,14 @@ def _decode_step(raw, i, grid_ptr, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
         d, qs, hm, sc = raw
         hf = i % 2
         j = tl.arange(0, 4)[None, :, None, None]
-        q2 = (tl.reshape(qs, (BLOCK_N, 1, 2, 16)).to(tl.int32) >> (2 * j)) & 3
-        hb = (tl.reshape(hm, (BLOCK_N, 1, 2, 16)).to(tl.int32) >> (4 * hf + j)) & 1
-        qf = ((q2 + 4 * hb) | 0x4B000000).to(tl.float32, bitcast=True) - 8388612.0           # q - 4 + 4 hb
-        lo8, hi8 = tl.split(tl.permute(tl.reshape(sc.to(tl.int32), (BLOCK_N, 2, 8)), (0, 2, 1)))
-        h4, _ = tl.split(tl.permute(tl.reshape(hi8, (BLOCK_N, 2, 4)), (0, 2, 1)))            # bytes 8-11
-        hx = tl.reshape(tl.permute(tl.join(h4, h4), (0, 2, 1)), (BLOCK_N, 8))                 # column t: byte 8 + t % 4
+        # the code's 2 bits and its high bit at bit 2 as one select and one mask (2 LOP3s): q + 4 hb, then - 4
+        low2 = tl.reshape(qs, (BLOCK_N, 1, 2, 16)).to(tl.int32) >> (2 * j)
+        high4 = (tl.reshape(hm, (BLOCK_N, 1, 2, 16)).to(tl.int32) << 2) >> (4 * hf + j)
+        q3 = ((low2 & 3) | (high4 & ~3)) & 7
+        qf = (q3 | 0x4B000000).to(tl.float32, bitcast=True) - 8388612.0                      # q - 4 + 4 hb
+        lo8, hx = tl.split(sc.to(tl.int32))                                                  # [BN, 8] each
         t = tl.arange(0, 8)[None, :]
-        low = tl.where(hf == 0, lo8 & 15, lo8 >> 4)
+        low = (lo8 >> (4 * hf)) & 15
         high = (hx >> (4 * hf + 2 * (t // 4))) & 3
         scale = _exact_float(low | (high << 4), 32.0)
         dl = d.to(tl.float16, bitcast=True).to(tl.float32)[:, None, None] * tl.reshape(scale, (BLOCK_N, 4, 2))
