@@ -114,18 +114,18 @@ IQ1_DELTA = tl.constexpr(float(gguf.quants.IQ1_S.delta))
 
 
 @triton.jit
-def _iq4_values(q):
-    """int32 codes 0..15 -> their IQ4 values as float32 (exact)."""
-    word = tl.where(q < 8, _IQ4_VALUES_LO, _IQ4_VALUES_HI)
-    byte = ((word >> (8 * (q & 7)).to(tl.int64)) & 0xFF).to(tl.int32)   # the value's two's-complement byte
-    return ((byte ^ 0x80) | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0
-
-
-@triton.jit
 def _exact_float(n, OFFSET: tl.constexpr = 0.0):
     """int32 n in [0, 2**23) -> float32 n - OFFSET, exactly, by the 2**23 magic (an int-to-float conversion runs at a
     fraction of the FMA rate, and the tile layouts repeat per-group scale arithmetic for every weight)."""
     return (n | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + OFFSET)
+
+
+@triton.jit
+def _iq4_values(q):
+    """int32 codes 0..15 -> their IQ4 values as float32 (exact)."""
+    word = tl.where(q < 8, _IQ4_VALUES_LO, _IQ4_VALUES_HI)
+    byte = ((word >> (8 * (q & 7)).to(tl.int64)) & 0xFF).to(tl.int32)   # the value's two's-complement byte
+    return _exact_float(byte ^ 0x80, 128.0)
 
 
 @triton.jit
@@ -150,9 +150,9 @@ def _grid_rows(grid_ptr, index, QTYPE: tl.constexpr):
     """[BN, 4, c] int32 grid indexes -> their grid rows as float32 [BN, 4, c, 8 (IQ1, IQ2) or 4 (IQ3)]: a row is 8
     or 4 value bytes of the uint8 table (grid_table; IQ1's -1, 0, 1 held as v + 1), one vector load a row."""
     W: tl.constexpr = 4 if (QTYPE == 18 or QTYPE == 21) else 8
-    OFFSET: tl.constexpr = 8388609.0 if (QTYPE == 19 or QTYPE == 29) else 8388608.0  # 2**23 (+ 1 for IQ1)
+    OFFSET: tl.constexpr = 1.0 if (QTYPE == 19 or QTYPE == 29) else 0.0  # GRID_IQ1_OFFSET for IQ1
     b = tl.load(grid_ptr + index[:, :, :, None] * W + tl.arange(0, W)[None, None, None, :])
-    return (b.to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True) - OFFSET  # the integer, no conversion op
+    return _exact_float(b.to(tl.int32), OFFSET)
 
 
 @triton.jit
@@ -463,17 +463,14 @@ def _decode_step(raw, i, grid_ptr, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
                 qh = (h2.to(tl.int32) & 0xFFFF) | (h3.to(tl.int32) << 16)
             pos = 16 * tl.arange(0, 2)[None, None, :, None] + tl.arange(0, 16)[None, None, None, :]
             n = n | (((qh[:, :, None, None] >> pos) & 1) << 4)
-        if QTYPE == 2:
-            w = d * ((n | 0x4B000000).to(tl.float32, bitcast=True) - 8388616.0)             # q - 8
-        elif QTYPE == 6:
-            w = d * ((n | 0x4B000000).to(tl.float32, bitcast=True) - 8388624.0)             # q - 16
-        else:
-            m = h1.to(tl.float16, bitcast=True).to(tl.float32)[:, :, None, None]
-            w = d * ((n | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0) + m
+        ZERO: tl.constexpr = 8.0 if QTYPE == 2 else (16.0 if QTYPE == 6 else 0.0)  # Q4_0 q - 8, Q5_0 q - 16
+        w = d * _exact_float(n, ZERO)
+        if QTYPE == 3 or QTYPE == 7:
+            w = w + h1.to(tl.float16, bitcast=True).to(tl.float32)[:, :, None, None]        # + m
     elif QTYPE == 8:
         d, q, _, _ = raw
-        # int8 q -> float32 without a conversion instruction: the bits 0x4B000000 | (q + 128) are 2**23 + q + 128
-        qf = ((q.to(tl.int32) ^ 0x80) | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0
+        # int8 q -> float32 without a conversion instruction: q + 128 is q's byte with its top bit flipped
+        qf = _exact_float(q.to(tl.int32) ^ 0x80, 128.0)
         w = d.to(tl.float16, bitcast=True).to(tl.float32)[:, :, None] * qf
     elif QTYPE == 10:
         # Q2_K: value 32 j + 16 h + l of the half = bits 2j of code byte 16 h + l, scale byte 2 j + h (low nibble:
@@ -484,7 +481,7 @@ def _decode_step(raw, i, grid_ptr, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
         dmin = m16.to(tl.float16, bitcast=True).to(tl.float32)
         j = tl.arange(0, 4)[None, :, None, None]
         q = (tl.reshape(qs, (BLOCK_N, 1, 2, 16)).to(tl.int32) >> (2 * j)) & 3                 # [BN, 4, 2, 16]
-        qf = (q | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0                        # q, no conversion op
+        qf = _exact_float(q)
         sc3 = tl.reshape(sc, (BLOCK_N, 4, 2)).to(tl.int32)
         dl = d[:, None, None] * _exact_float(sc3 & 15)
         ml = dmin[:, None, None] * _exact_float(sc3 >> 4)
@@ -501,7 +498,7 @@ def _decode_step(raw, i, grid_ptr, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
         low2 = tl.reshape(qs, (BLOCK_N, 1, 2, 16)).to(tl.int32) >> (2 * j)
         high4 = (tl.reshape(hm, (BLOCK_N, 1, 2, 16)).to(tl.int32) << 2) >> (4 * hf + j)
         q3 = ((low2 & 3) | (high4 & ~3)) & 7
-        qf = (q3 | 0x4B000000).to(tl.float32, bitcast=True) - 8388612.0                      # q - 4 + 4 hb
+        qf = _exact_float(q3, 4.0)                                                           # q - 4 + 4 hb
         lo8, hx = tl.split(sc.to(tl.int32))                                                  # [BN, 8] each
         t = tl.arange(0, 8)[None, :]
         low = (lo8 >> (4 * hf)) & 15
@@ -534,7 +531,7 @@ def _decode_step(raw, i, grid_ptr, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
         s = tl.arange(0, 8)[None, :, None]
         q = ((ql >> (4 * (s // 4)).to(tl.uint8)) & 15) | (((qh >> (2 * (s // 2)).to(tl.uint8)) & 3) << 4)
         scale = d.to(tl.float16, bitcast=True).to(tl.float32)[:, None] * sc.to(tl.int8, bitcast=True).to(tl.float32)
-        w = scale[:, :, None] * ((q.to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True) - 8388640.0)  # q - 32
+        w = scale[:, :, None] * _exact_float(q.to(tl.int32), 32.0)                           # q - 32
     else:
         tl.static_assert(False, "Q4_K/Q5_K are decoded by _q45_header / _q45_codes / _q45_weights")
     return tl.reshape(w, (BLOCK_N, 128))
