@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 
+import gguf
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
@@ -37,10 +38,7 @@ from glm5_shim.kernels import gguf_matmul as gm  # noqa: E402
 from glm5_shim.kernels import gguf_matmul_reference as ref  # noqa: E402
 from glm5_shim.kernels import gguf_mma  # noqa: E402
 
-TYPES = {"Q4_K": gm.Q4_K, "Q6_K": gm.Q6_K, "Q5_K": gm.Q5_K, "Q8_0": gm.Q8_0, "Q2_K": gm.Q2_K, "Q3_K": gm.Q3_K,
-         "IQ4_XS": gm.IQ4_XS, "IQ4_NL": gm.IQ4_NL, "IQ2_XXS": gm.IQ2_XXS, "IQ2_S": gm.IQ2_S, "IQ3_XXS": gm.IQ3_XXS,
-         "IQ3_S": gm.IQ3_S, "IQ2_XS": gm.IQ2_XS, "IQ1_S": gm.IQ1_S, "IQ1_M": gm.IQ1_M,
-         "Q5_0": gm.Q5_0, "Q4_0": gm.Q4_0, "Q4_1": gm.Q4_1, "Q5_1": gm.Q5_1}
+TYPES = {gguf.GGMLQuantizationType(t).name: t for t in gm.SUPPORTED_TYPES}  # every type the kernels read
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096)
 HIDDEN, EXPERTS, TOP_K, EXPERT_WIDTH = 6144, 256, 8, 2048
 BF16_PEAK = {(9, 0): 989e12, (12, 0): 503e12}  # dense bf16 tensor FLOP/s (H200 SXM; RTX PRO 6000 published)

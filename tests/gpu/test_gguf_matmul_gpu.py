@@ -9,13 +9,18 @@ linear, 4u for the MoE (bf16 5.9e-3 / 7.8e-3) — a wrong block, scale or nibble
 Q4_K/Q5_K (16 rows) round no weight at all (exact codes in the dot, scales applied to its float32 result; removing
 the codes' offset costs ~5 of float32's 24 bits): their error is the output's rounding alone, inside the same bounds.
 """
+import gguf
 import pytest
 import torch
+
+from glm5_shim.gguf.kernel_coverage import KERNEL_TYPES_AWAITING_GPU, SHIM_KERNEL_TYPES
 
 pytestmark = pytest.mark.gpu
 COMPILED_KERNELS = ("_linear_kernel", "_moe_kernel", "_silu_mul_splits_kernel")
 
 U = {torch.bfloat16: 2.0 ** -9, torch.float16: 2.0 ** -12}
+# every type the kernels read, served or waiting for these tests (kernel_coverage: pure, no kernel import)
+KERNEL_TYPE_NAMES = [gguf.GGMLQuantizationType(t).name for t in SHIM_KERNEL_TYPES + KERNEL_TYPES_AWAITING_GPU]
 
 
 def _mods():
@@ -35,9 +40,7 @@ def _weights(qtype, rows, k, g, quantized):
     return ref.random_blocks(qtype, rows, k, g)
 
 
-@pytest.mark.parametrize("qtype_name", ["Q4_K", "Q6_K", "Q5_K", "Q8_0", "Q2_K", "Q3_K", "IQ4_XS", "IQ4_NL", "IQ2_XXS",
-                                       "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ2_XS", "IQ1_S", "IQ1_M", "Q5_0", "Q4_0",
-                                       "Q4_1", "Q5_1"])
+@pytest.mark.parametrize("qtype_name", KERNEL_TYPE_NAMES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_linear_vs_float64(qtype_name, dtype):
     gm, ref = _mods()

@@ -4,6 +4,7 @@ fp32 activations: the kernel's dot is fp32 (ieee), weights decode exactly in fp3
 its min subtraction round once each): 1e-5 relative.  fp16: weights and the output round once to fp16
 (2**-12 relative, rms 2**-12/sqrt(3) each): 2e-3 (bf16 is covered on the GPU; the interpreter's bf16 dot is wrong).
 """
+import gguf
 import pytest
 import torch
 
@@ -11,10 +12,7 @@ from glm5_shim.kernels import gguf_matmul as gm
 from glm5_shim.kernels import gguf_matmul_reference as ref
 
 
-TYPES = {"Q4_K": gm.Q4_K, "Q6_K": gm.Q6_K, "Q5_K": gm.Q5_K, "Q8_0": gm.Q8_0, "Q2_K": gm.Q2_K, "Q3_K": gm.Q3_K,
-         "IQ4_XS": gm.IQ4_XS, "IQ4_NL": gm.IQ4_NL, "IQ2_XXS": gm.IQ2_XXS, "IQ2_S": gm.IQ2_S, "IQ3_XXS": gm.IQ3_XXS,
-         "IQ3_S": gm.IQ3_S, "IQ2_XS": gm.IQ2_XS, "IQ1_S": gm.IQ1_S, "IQ1_M": gm.IQ1_M,
-         "Q5_0": gm.Q5_0, "Q4_0": gm.Q4_0, "Q4_1": gm.Q4_1, "Q5_1": gm.Q5_1}
+TYPES = {gguf.GGMLQuantizationType(t).name: t for t in gm.SUPPORTED_TYPES}  # every type the kernels read
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
 
 
@@ -141,7 +139,6 @@ def test_dequantize_kernel_every_type(name):
 def test_grid_tables_hold_the_gguf_grids_as_bytes_and_refuse_values_that_do_not_fit(monkeypatch):
     """The IQ kernels read gguf.quants' own grids from a uint8 table (IQ1: value + 1); a grid the bytes cannot hold
     is refused in one line naming it, not silently truncated."""
-    import gguf
     quants = {gm.IQ2_XXS: gguf.quants.IQ2_XXS, gm.IQ2_S: gguf.quants.IQ2_S, gm.IQ3_XXS: gguf.quants.IQ3_XXS,
               gm.IQ3_S: gguf.quants.IQ3_S, gm.IQ2_XS: gguf.quants.IQ2_XS, gm.IQ1_S: gguf.quants.IQ1_S,
               gm.IQ1_M: gguf.quants.IQ1_M}
