@@ -36,7 +36,25 @@ if [[ " $steps " == *" interp "* ]]; then
   INTERP_PID=$!
 fi
 if [[ " $steps " == *" tests "* ]]; then
-  log tests; timeout ${TESTS_TIMEOUT:-900} python -m pytest -q ${GPU_TESTS:-tests/gpu} -p no:cacheprovider 2>&1 | tail -80 > "$OUT/gpu_tests.log"
+  if [[ -n "${GPU_TEST_SHARDS:-}" ]]; then
+    # ';'-separated pytest argument lists, each in its own process at once: the Triton JIT and the float64
+    # references are CPU work (16 cores here), the GPU share of these tests is small
+    IFS=';' read -ra shards <<< "$GPU_TEST_SHARDS"
+    log "tests: ${#shards[@]} shards in parallel"
+    pids=()
+    for i in "${!shards[@]}"; do
+      (eval "set -- ${shards[$i]}"; OMP_NUM_THREADS=$((16 / ${#shards[@]} + 1)) timeout ${TESTS_TIMEOUT:-900} \
+        python -m pytest -q "$@" -p no:cacheprovider > "/tmp/gpu_shard_$i.log" 2>&1) &
+      pids+=($!)
+    done
+    wait "${pids[@]}"
+    for i in "${!shards[@]}"; do
+      { echo "== shard $i: ${shards[$i]}"; tail -40 "/tmp/gpu_shard_$i.log"; } >> "$OUT/gpu_tests.log"
+    done
+    log "tests done"
+  else
+    log tests; timeout ${TESTS_TIMEOUT:-900} python -m pytest -q ${GPU_TESTS:-tests/gpu} -p no:cacheprovider 2>&1 | tail -80 > "$OUT/gpu_tests.log"
+  fi
 fi
 if [[ " $steps " == *" bench "* ]]; then
   if [[ " ${BENCHES:-sparse_mla indexer} " == *" sparse_mla "* ]]; then
