@@ -55,9 +55,9 @@ def gguf_kernels_choice() -> str:
 
 
 def gguf_decode_choice() -> str:
-    """GLM5_SHIM_GGUF_DECODE: tile (the tested decode kernels) | mma (the register-MMA decode kernels of
-    kernels/gguf_mma.py for the types they cover: written and CPU-tested, not yet run on a GPU)."""
-    return _choice("GLM5_SHIM_GGUF_DECODE", ("tile", "mma"), "tile")
+    """GLM5_SHIM_GGUF_DECODE: mma (default: decode-sized products on the register-MMA kernels of
+    kernels/gguf_mma.py for the types kernel_coverage lists) | tile (the tile kernels of kernels/gguf_matmul.py)."""
+    return _choice("GLM5_SHIM_GGUF_DECODE", ("mma", "tile"), "mma")
 
 
 ENV_SWITCHES = {
@@ -67,8 +67,8 @@ ENV_SWITCHES = {
     "GLM5_SHIM_ATTENTION": "auto | triton: force the shim's sparse-MLA backend on any GPU",
     "GLM5_SHIM_INDEXER": "auto | triton: force the shim's Triton indexer on any GPU",
     "GLM5_SHIM_GGUF_KERNELS": "shim | vllm: GGUF matmuls on the shim's kernels (default) or vLLM's ggml kernels",
-    "GLM5_SHIM_GGUF_DECODE": "tile | mma: decode-sized GGUF matmuls on the tile kernels (default) or the register-MMA "
-                             "kernels (Q4_K; not yet GPU-tested)",
+    "GLM5_SHIM_GGUF_DECODE": "mma | tile: decode-sized GGUF matmuls on the register-MMA kernels (default; Q4_K, Q5_K, "
+                             "Q6_K, Q8_0 MoE) or the tile kernels",
     "GLM5_SHIM_CACHE": "where tokenizers rebuilt from GGUFs are kept (default ~/.cache/glm5_shim)",
 }
 

@@ -14,9 +14,13 @@ SHIM_KERNEL_TYPES = (int(_T.Q4_K), int(_T.Q6_K), int(_T.Q5_K), int(_T.Q8_0))
 KERNEL_TYPES_AWAITING_GPU = (int(_T.Q2_K), int(_T.Q3_K), int(_T.IQ4_XS), int(_T.IQ4_NL), int(_T.IQ2_XXS),
                              int(_T.IQ2_S), int(_T.IQ3_XXS), int(_T.IQ3_S), int(_T.IQ2_XS), int(_T.IQ1_S),
                              int(_T.IQ1_M), int(_T.Q5_0), int(_T.Q4_0), int(_T.Q4_1), int(_T.Q5_1))
-# Types the register-MMA decode kernels (kernels/gguf_mma.py) read.  Written and CPU-tested (interpreter, their PTX
-# executed on the CPU, offline compiles), not yet run on a GPU: used only with GLM5_SHIM_GGUF_DECODE=mma.
+# Types whose decode-sized MoE passes run on the register-MMA kernels (kernels/gguf_mma.py) by default
+# (GLM5_SHIM_GGUF_DECODE=tile keeps the tile kernels).  Measured on the H200 (bench/RESULTS.md, 2026-12-02 session 6):
+# 1.1-2.5x faster than the tile kernels at TP-8 MoE shapes, T = 1-64, every type.
 MMA_DECODE_TYPES = (int(_T.Q4_K), int(_T.Q6_K), int(_T.Q5_K), int(_T.Q8_0))
+# Of those, the types whose dense linears at 1-8 rows run there too: Q8_0's dense decode was as fast or faster on the
+# tile kernel (q_a+kv_a 24.5 vs 28.0 µs), the K-quants' 10-40 % faster on the register-MMA kernels (same run).
+MMA_LINEAR_TYPES = (int(_T.Q4_K), int(_T.Q6_K), int(_T.Q5_K))
 K_MULTIPLE = 256  # the kernels step through K in half super-blocks; GLM-5's input widths are all multiples of 256
 
 
@@ -37,8 +41,8 @@ def gguf_bf16_refused_at(capability: tuple[int, int]) -> bool:
 def vllm_vector_kernel_rows(out_features: int) -> int:
     """Up to how many activation rows vLLM 0.23 sends a K-quant or legacy-quant dense linear to its vector kernel
     (``ggml_mul_mat_vec_a8``; ``_fused_mul_mat_gguf``'s ``mmvq_safe``).  There the shim leaves it: measured on the
-    H200 (bench/RESULTS.md, 2026-12-01) that kernel beats the shim's at one row (e.g. q_a+kv_a Q4_K 11 vs 19 µs),
-    while from 32 rows on the shim's is 2-10x faster than vLLM's tile kernel."""
+    H200 (bench/RESULTS.md, 2026-12-01 and 2026-12-02 session 6) that kernel beats the shim's tile and register-MMA
+    kernels at one row (e.g. q_a+kv_a Q4_K 10.1 vs 15.5 and 14.0 µs), while at 8 rows the shim's are 4x faster."""
     return 2 if out_features > 5120 else 6
 
 

@@ -62,7 +62,7 @@ import triton
 import triton.language as tl
 
 from glm5_shim import settings
-from glm5_shim.gguf.kernel_coverage import K_MULTIPLE, KERNEL_TYPES_AWAITING_GPU, SHIM_KERNEL_TYPES
+from glm5_shim.gguf.kernel_coverage import K_MULTIPLE, KERNEL_TYPES_AWAITING_GPU, MMA_LINEAR_TYPES, SHIM_KERNEL_TYPES
 from glm5_shim.kernels import gguf_mma
 from glm5_shim.kernels.device import cuda_capability_and_sms
 
@@ -942,7 +942,7 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int, n: int | Non
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    if plan is None and m <= gguf_mma.TOKENS and mma_decode(qtype, k, x.dtype, weight=qweight):
+    if plan is None and m <= gguf_mma.TOKENS and mma_decode(qtype, k, x.dtype, weight=qweight, linear=True):
         return gguf_mma.linear(x, qweight, qtype, n, _num_sms(x.device))
     plan = plan or linear_plan(m, n, k, _num_sms(x.device))
     if plan["dequant"]:
@@ -970,11 +970,13 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int, n: int | Non
 
 
 def mma_decode(qtype: int, k: int, dtype: torch.dtype, mma: bool | None = None,
-               weight: torch.Tensor | None = None) -> bool:
+               weight: torch.Tensor | None = None, linear: bool = False) -> bool:
     """Whether a decode-sized product of this weight runs on the register-MMA kernels (kernels/gguf_mma.py):
-    GLM5_SHIM_GGUF_DECODE=mma (or ``mma``), a type and dtype they cover, and rows aligned as they load them."""
+    GLM5_SHIM_GGUF_DECODE=mma (the default; or ``mma``), a type and dtype they cover (a dense ``linear``: one of
+    kernel_coverage.MMA_LINEAR_TYPES), and rows aligned as they load them."""
     wanted = settings.gguf_decode_choice() == "mma" if mma is None else mma
-    return wanted and gguf_mma.covers(qtype, k, dtype) and (weight is None or gguf_mma.aligned(weight, qtype))
+    return (wanted and gguf_mma.covers(qtype, k, dtype) and (not linear or int(qtype) in MMA_LINEAR_TYPES)
+            and (weight is None or gguf_mma.aligned(weight, qtype)))
 
 
 def moe_align(topk_ids: torch.Tensor, block_m: int, num_experts: int):

@@ -19,10 +19,9 @@ _registered = False
 
 
 def _linear_op(x: torch.Tensor, qweight: torch.Tensor, qweight_type: int, n: int) -> torch.Tensor:
-    from glm5_shim.kernels.gguf_matmul import gguf_linear, mma_decode, row_bytes
+    from glm5_shim.kernels.gguf_matmul import gguf_linear, row_bytes
 
-    if (x.shape[0] <= vllm_vector_kernel_rows(n) and _vllm_vector_kernel_trusted(x)
-            and not mma_decode(qweight_type, x.shape[-1], x.dtype, weight=qweight)):  # the register-MMA kernels beat it
+    if x.shape[0] <= vllm_vector_kernel_rows(n) and _vllm_vector_kernel_trusted(x):
         # inside the op: the row count is dynamic to torch.compile, a branch on it outside would specialise
         from vllm.model_executor.layers.quantization.gguf import _fused_mul_mat_gguf
 

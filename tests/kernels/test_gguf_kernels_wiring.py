@@ -110,30 +110,42 @@ def test_few_rows_and_uncovered_types_reach_vllms_kernels(patched, monkeypatch):
     assert fallback == [16, gm.Q8_0]
 
 
-def test_register_mma_decode_takes_the_rows_vllms_vector_kernel_had(patched, monkeypatch):
-    """GLM5_SHIM_GGUF_DECODE=mma: a 2-row fp16 Q4_K linear (a padded shard view) runs on the register-MMA kernel,
-    not vLLM's vector kernel, and reads the shard in place; a type it lacks keeps the vector kernel."""
+def test_register_mma_decode_takes_the_rows_vllms_vector_kernel_may_not(patched, monkeypatch):
+    """By default (GLM5_SHIM_GGUF_DECODE unset): a 2-row Q4_K linear (a padded shard view) goes to vLLM's vector
+    kernel where that is trusted (it beats both shim kernels at 1 row), and where it is not (bf16 from compute
+    capability 10) runs on the register-MMA kernel, reading the shard in place; a Q8_0 linear at 7 rows stays on the
+    tile kernel (its register-MMA dense decode measured no faster), and GLM5_SHIM_GGUF_DECODE=tile keeps Q4_K there."""
     from glm5_shim.kernels import gguf_mma
     from glm5_shim.matmul import gguf_ops
 
     seen, launched = [], []
     monkeypatch.setattr(patched, "_fused_mul_mat_gguf",
                         lambda x, w, t: seen.append(t) or torch.zeros(x.shape[0], w.shape[0], dtype=x.dtype))
-    monkeypatch.setattr(gguf_ops, "_vllm_vector_kernel_trusted", lambda x: True)
     real = gguf_mma.launch
     monkeypatch.setattr(gguf_mma, "launch", lambda *a, **kw: (launched.append(a[1].shape), real(*a, **kw))[1])
-    monkeypatch.setenv("GLM5_SHIM_GGUF_DECODE", "mma")
+    monkeypatch.delenv("GLM5_SHIM_GGUF_DECODE", raising=False)
     g = torch.Generator().manual_seed(8)
     w = ref.random_blocks(gm.Q4_K, 8, 512, g)
     padded = torch.zeros(8, 304, dtype=torch.uint8)
     padded[:, :288] = w
     x = torch.randn(2, 512, generator=g).half()
+    monkeypatch.setattr(gguf_ops, "_vllm_vector_kernel_trusted", lambda x: True)
+    gguf_ops._linear_op(x, padded, gm.Q4_K, 8)
+    assert seen == [gm.Q4_K] and not launched
+    monkeypatch.setattr(gguf_ops, "_vllm_vector_kernel_trusted", lambda x: False)
     got = gguf_ops._linear_op(x, padded, gm.Q4_K, 8)
-    assert launched == [(8, 304)] and not seen
+    assert launched == [(8, 304)] and seen == [gm.Q4_K]
     want = ref.linear_reference(x, w, gm.Q4_K)
     assert ((got.double() - want).norm() / want.norm()).item() < 3e-3
-    gguf_ops._linear_op(x, torch.zeros(8, 168, dtype=torch.uint8), gm.Q2_K, 8)   # no register-MMA kernel
-    assert seen == [gm.Q2_K]
+    w8 = ref.random_blocks(gm.Q8_0, 8, 512, g)
+    x7 = torch.randn(7, 512, generator=g).half()
+    got8 = gguf_ops._linear_op(x7, w8, gm.Q8_0, 8)
+    assert launched == [(8, 304)]
+    want8 = ref.linear_reference(x7, w8, gm.Q8_0)
+    assert ((got8.double() - want8).norm() / want8.norm()).item() < 3e-3
+    monkeypatch.setenv("GLM5_SHIM_GGUF_DECODE", "tile")
+    gguf_ops._linear_op(x, padded, gm.Q4_K, 8)
+    assert launched == [(8, 304)] and seen == [gm.Q4_K]
 
 
 def test_vllms_moe_method_runs_on_the_shim_kernels(patched):
