@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pathlib
 
+import gguf
 import pytest
 import torch
 
@@ -126,6 +127,12 @@ def test_blackwell_keeps_bf16_when_the_shim_kernels_run_every_matmul(patched, ca
     monkeypatch.delenv("GLM5_SHIM_GGUF_BF16", raising=False)
     monkeypatch.setattr(dtype_gate, "_BF16_BY_SHIM_KERNELS", set())
     capability(12, 0)
+    # every quantized type make-tiny writes has a shim kernel now: Q4_0 stands for one that has none
+    from glm5_shim.gguf import kernel_coverage
+
+    monkeypatch.setattr(kernel_coverage, "SHIM_KERNEL_TYPES",
+                        tuple(t for t in kernel_coverage.SHIM_KERNEL_TYPES if t != int(gguf.GGMLQuantizationType.Q4_0)))
+    every_matmul_on_shim_kernels.cache_clear()
     covered, uncovered = tiny_files["Q4_K"], tiny_files["Q4_0"]
     assert every_matmul_on_shim_kernels(covered) and not every_matmul_on_shim_kernels(uncovered)
     assert _resolve(model_module, uncovered, "auto") == torch.float16

@@ -7,13 +7,22 @@ import gguf
 from .dequant import is_float_type
 
 _T = gguf.GGMLQuantizationType
-# The order GLM-5 files use them most (Q4_K_M: Q4_K experts, Q6_K down/lm_head; Q8_0; Q5_K in _M mixes).
-SHIM_KERNEL_TYPES = (int(_T.Q4_K), int(_T.Q6_K), int(_T.Q5_K), int(_T.Q8_0))
-# Kernels written and tested on the CPU (interpreter, offline compiles) that have not yet passed the GPU tests: the
-# kernels accept them, the tests and the bench run them, serving keeps vLLM's kernels for them until they have.
-KERNEL_TYPES_AWAITING_GPU = (int(_T.Q2_K), int(_T.Q3_K), int(_T.IQ4_XS), int(_T.IQ4_NL), int(_T.IQ2_XXS),
-                             int(_T.IQ2_S), int(_T.IQ3_XXS), int(_T.IQ3_S), int(_T.IQ2_XS), int(_T.IQ1_S),
-                             int(_T.IQ1_M), int(_T.Q5_0), int(_T.Q4_0), int(_T.Q4_1), int(_T.Q5_1))
+# Every type the kernels read, in the order GLM-5 files use them most (Q4_K_M: Q4_K experts, Q6_K down/lm_head;
+# Q8_0; Q5_K in _M mixes; then the low-bit mixes and the UD-IQ files' types).  All passed the GPU tests on the H200
+# (tests/gpu/test_gguf_matmul_gpu.py, 2026-12-02 session 6).
+SHIM_KERNEL_TYPES = (int(_T.Q4_K), int(_T.Q6_K), int(_T.Q5_K), int(_T.Q8_0), int(_T.Q2_K), int(_T.Q3_K),
+                     int(_T.IQ4_XS), int(_T.IQ4_NL), int(_T.IQ2_XXS), int(_T.IQ2_S), int(_T.IQ3_XXS), int(_T.IQ3_S),
+                     int(_T.IQ2_XS), int(_T.IQ1_S), int(_T.IQ1_M), int(_T.Q5_0), int(_T.Q4_0), int(_T.Q4_1),
+                     int(_T.Q5_1))
+# Up to how many tokens vLLM's vector MoE kernel beats the shim's tile kernels, by the type of w13 (H200, TP-8
+# expert shapes, bench/RESULTS.md 2026-12-02 session 6): the 1-3-bit IQ grids cost the tile kernels 11-17
+# instructions a weight, so there vLLM wins to T = 32 (IQ2_XXS 64 vs 99 µs at T = 1, 1389 vs 1535 at 32) and the
+# shim from T = 256 (2455 vs 10953); IQ4_XS to T = 8 (326 vs 338), the shim from 32 (903 vs 1227).  IQ4_NL shares
+# IQ4_XS's decode and was not measured apart.  Where vLLM's kernels are trusted with the activations, such calls go
+# to vLLM.
+VLLM_MOE_DECODE_TOKENS = {int(_T.IQ2_XXS): 32, int(_T.IQ2_S): 32, int(_T.IQ3_XXS): 32, int(_T.IQ3_S): 32,
+                          int(_T.IQ2_XS): 32, int(_T.IQ1_S): 32, int(_T.IQ1_M): 32, int(_T.IQ4_XS): 8,
+                          int(_T.IQ4_NL): 8}
 # Types whose decode-sized MoE passes run on the register-MMA kernels (kernels/gguf_mma.py) by default
 # (GLM5_SHIM_GGUF_DECODE=tile keeps the tile kernels).  Measured on the H200 (bench/RESULTS.md, 2026-12-02 session 6):
 # 1.1-2.5x faster than the tile kernels at TP-8 MoE shapes, T = 1-64, every type.
@@ -22,6 +31,11 @@ MMA_DECODE_TYPES = (int(_T.Q4_K), int(_T.Q6_K), int(_T.Q5_K), int(_T.Q8_0))
 # tile kernel (q_a+kv_a 24.5 vs 28.0 µs), the K-quants' 10-40 % faster on the register-MMA kernels (same run).
 MMA_LINEAR_TYPES = (int(_T.Q4_K), int(_T.Q6_K), int(_T.Q5_K))
 K_MULTIPLE = 256  # the kernels step through K in half super-blocks; GLM-5's input widths are all multiples of 256
+
+
+def vllm_moe_decode_faster(qtype13: int, tokens: int) -> bool:
+    """Whether vLLM's vector MoE kernel computed a call of this many tokens faster than the shim's (w13's type)."""
+    return tokens <= VLLM_MOE_DECODE_TOKENS.get(int(qtype13), 0)
 
 
 def shim_kernel_covers(ggml_type: int, k: int) -> bool:

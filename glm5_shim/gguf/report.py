@@ -36,7 +36,7 @@ import gguf
 from glm5_shim import settings
 
 from .config import build_hf_config, indexer_layout
-from .kernel_coverage import KERNEL_TYPES_AWAITING_GPU, MMA_DECODE_TYPES, kernel_path
+from .kernel_coverage import MMA_DECODE_TYPES, VLLM_MOE_DECODE_TOKENS, kernel_path
 from .errors import GGUFError
 from .load_plan import MTP_FLAG, LoadPlan, mtp_draft_problem, plan_load, plan_tensors
 from . import memory
@@ -109,19 +109,19 @@ def format_matmul_paths(paths: dict[str, dict[str, int]]) -> str:
 
     hint = ("GLM5_SHIM_GGUF_KERNELS=vllm puts them all on vLLM's" if settings.gguf_kernels_choice() == "shim"
             else "GLM5_SHIM_GGUF_KERNELS=vllm")
-    waiting = [t for t in paths["vllm"] if int(gguf.GGMLQuantizationType[t]) in KERNEL_TYPES_AWAITING_GPU]
-    note = f"; shim kernels for {'/'.join(waiting)} are written and wait for their GPU tests" if waiting else ""
     mma = [t for t in paths["shim"] if int(gguf.GGMLQuantizationType[t]) in MMA_DECODE_TYPES]
     if mma and settings.gguf_decode_choice() == "mma":
-        decode = (f"; decode-sized {'/'.join(mma)} products on the register-MMA kernels "
-                  "(GLM5_SHIM_GGUF_DECODE=mma; not yet GPU-tested), dense ones at 1-8 rows included")
-        rows_note = ""
+        decode = (f"; decode-sized {'/'.join(mma)} products on the register-MMA kernels (GLM5_SHIM_GGUF_DECODE=tile "
+                  "for the tile kernels)")
     else:
-        decode = (f"; GLM5_SHIM_GGUF_DECODE=mma runs decode-sized {'/'.join(mma)} products on the register-MMA "
-                  "kernels (not yet GPU-tested)") if mma else ""
-        rows_note = "dense linears at 1-6 rows stay on vLLM's vector kernel in fp16 or below compute capability 10; "
+        decode = (f"; GLM5_SHIM_GGUF_DECODE=mma (the default) runs decode-sized {'/'.join(mma)} products on the "
+                  "register-MMA kernels") if mma else ""
+    iq = [t for t in paths["shim"] if int(gguf.GGMLQuantizationType[t]) in VLLM_MOE_DECODE_TOKENS]
+    iq_note = f" and {'/'.join(iq)} MoE decode of up to 8-32 tokens" if iq else ""
+    rows_note = (f"dense linears at 1-6 rows{iq_note} stay on vLLM's vector kernels in fp16 or below compute "
+                 "capability 10; ")
     return (f"GGUF matmuls: shim kernels {listed(paths['shim'])}; vLLM's ggml kernels {listed(paths['vllm'])} "
-            f"({rows_note}{hint}{note}{decode})")
+            f"({rows_note}{hint}{decode})")
 
 
 def mtp_report(model: GGUFModel, config: dict[str, Any], tp_sizes=TP_SIZES) -> dict[str, Any]:

@@ -44,8 +44,6 @@ Block layouts (``gguf.GGML_QUANT_SIZES``; checked against the ``gguf`` package's
                      of 3-bit scales per 16 values whose top nibbles make fp16 d;  w = d*(2 s + 1)*(v +- 1/8)
 The IQ1/IQ2/IQ3 grids are gguf.quants' own tables (grid_table), held on the device as bytes; a 7-bit sign
 index stands for the byte of those 7 bits plus an 8th that makes the parity even (llama.cpp's ksigns).
-(kernel_coverage.KERNEL_TYPES_AWAITING_GPU — every type here but Q4_K, Q6_K, Q5_K, Q8_0: tested in the interpreter,
-not yet served.)
 
 Two kernels share that step: :func:`_linear_kernel` (x @ W.T, optionally split over K for decode-sized M) and
 :func:`_moe_kernel` (rows grouped by expert with the usual (sorted ids, expert of each block, padded count)
@@ -62,7 +60,7 @@ import triton
 import triton.language as tl
 
 from glm5_shim import settings
-from glm5_shim.gguf.kernel_coverage import K_MULTIPLE, KERNEL_TYPES_AWAITING_GPU, MMA_LINEAR_TYPES, SHIM_KERNEL_TYPES
+from glm5_shim.gguf.kernel_coverage import K_MULTIPLE, MMA_LINEAR_TYPES, SHIM_KERNEL_TYPES
 from glm5_shim.kernels import gguf_mma
 from glm5_shim.kernels.device import cuda_capability_and_sms
 
@@ -85,7 +83,7 @@ Q4_1 = int(gguf.GGMLQuantizationType.Q4_1)
 Q5_0 = int(gguf.GGMLQuantizationType.Q5_0)
 Q5_1 = int(gguf.GGMLQuantizationType.Q5_1)
 IQ1_M = int(gguf.GGMLQuantizationType.IQ1_M)
-SUPPORTED_TYPES = SHIM_KERNEL_TYPES + KERNEL_TYPES_AWAITING_GPU  # what the kernels read (serving: kernel_coverage)
+SUPPORTED_TYPES = SHIM_KERNEL_TYPES  # what the kernels read (one home: kernel_coverage)
 _INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")  # the PTX helpers need a GPU
 STEP_K = 128  # values of K each program decodes per step (half a K-quant super-block, four Q8_0 blocks)
 

@@ -34,12 +34,12 @@ Not yet run on a GPU (as of 2026-12-02): the plans in :mod:`gguf_matmul` use it 
 ``GLM5_SHIM_GGUF_DECODE=mma`` until the GPU tests and the bench have.
 """
 
-import functools
-
 import gguf
 import triton.language as tl
 
 from glm5_shim.gguf.kernel_coverage import MMA_DECODE_TYPES
+from triton.runtime.jit import constexpr_function
+
 from glm5_shim.kernels.gluon_compat import INTERPRET_K, DistributedLinearLayout, NVMMADistributedLayout, gl, jit, mma_v2
 
 Q8_0 = int(gguf.GGMLQuantizationType.Q8_0)
@@ -146,7 +146,7 @@ _ASM_Q8_FP16 = gl.constexpr(_decode_asm(Q8_0, True))
 _ASM_Q6K_FP16 = gl.constexpr(_decode_asm(Q6_K, True))
 
 
-@functools.lru_cache(maxsize=None)
+@constexpr_function  # called while the kernel compiles (a plain function there would be refused), or on the host
 def layouts(num_warps: int, reps: int, qtype: int = Q4_K) -> tuple:
     """(codes [BN, 4, 4, 4], activations [8, 128], accumulator [BN, 8]) layouts for BN = 16 * num_warps * reps rows.
 
@@ -172,6 +172,13 @@ def layouts(num_warps: int, reps: int, qtype: int = Q4_K) -> tuple:
         warp_bases=[[0, 0]] * (num_warps.bit_length() - 1), block_bases=[], shape=[TOKENS, 128])
     acc = NVMMADistributedLayout(version=[2, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 8])
     return codes, acts, acc
+
+
+@constexpr_function
+def _layout(num_warps, reps, qtype, which):
+    """layouts(...)[which], built while the kernel compiles: the kernel's own parameters stay plain numbers, which
+    Triton's compile hooks serialise as JSON (vLLM sets one after warm-up; a layout object there fails the launch)."""
+    return layouts(num_warps, reps, qtype)[which]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -395,13 +402,17 @@ def _consume_half(acc, QTYPE: tl.constexpr, stage, slot, HF: tl.constexpr, BN: t
 @jit
 def _mma_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
                 num_valid, N, num_sb, sb_per_split, a_row_div, stride_xm, stride_we, stride_wn, stride_os, stride_om,
-                QTYPE: tl.constexpr, L4: tl.constexpr, LX: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr,
-                MOE: tl.constexpr, ROUTE_WEIGHTED: tl.constexpr):
+                QTYPE: tl.constexpr, WARPS: tl.constexpr, REPS: tl.constexpr, MOE: tl.constexpr,
+                ROUTE_WEIGHTED: tl.constexpr):
     """out[s, row, n] = sum over the super-blocks of split s of x[row // a_row_div, k] * W[n, k], for the 8 rows
     of block program_id(0) // cdiv(N, BN) (MOE: sorted_ids' block, weights of its expert; else rows 8 b ..
     8 b + 7 of x) and the BN output features of program_id(0) % cdiv(N, BN); times the routing weight of the row
     when ROUTE_WEIGHTED.  Rows >= num_valid are neither read nor written."""
     BF16: tl.constexpr = x_ptr.dtype.element_ty == gl.bfloat16
+    L4: tl.constexpr = _layout(WARPS, REPS, QTYPE, 0)
+    LX: tl.constexpr = _layout(WARPS, REPS, QTYPE, 1)
+    ACC: tl.constexpr = _layout(WARPS, REPS, QTYPE, 2)
+    BN: tl.constexpr = 16 * WARPS * REPS
     LWORD: tl.constexpr = gl.SliceLayout(3, L4)     # [BN, 4, 4] words of code bytes
     LSLOT: tl.constexpr = gl.SliceLayout(2, LWORD)  # [BN, 4] one value a row and slot (scales, header words)
     pid = gl.program_id(0)
@@ -501,7 +512,6 @@ def launch(x, w, out, *, qtype: int, n: int, num_valid: int, num_blocks: int, sp
     route: None for a dense linear (rows 8 b .. 8 b + 7 of x for block b), or (sorted_ids, expert_ids, num_padded,
     route weights or None) for a MoE pass whose routing layout has blocks of 8 rows."""
     t = {**MMA_TUNING, **(tuning or {})}
-    codes_l, acts_l, acc_l = layouts(t["num_warps"], t["reps"], qtype)
     bn = block_rows(t)
     moe = route is not None
     sorted_ids, expert_ids, num_padded, route_w = route if moe else (out, out, out, None)
@@ -509,8 +519,8 @@ def launch(x, w, out, *, qtype: int, n: int, num_valid: int, num_blocks: int, sp
     _mma_kernel[grid](
         x, w, out, route_w if route_w is not None else out, sorted_ids, expert_ids, num_padded, num_valid, n,
         x.shape[1] // SB_VALUES.value, sb_per_split, a_row_div, x.stride(0), w.stride(0) if moe else 0,
-        w.stride(-2), out.stride(0) if split > 1 else 0, out.stride(-2), QTYPE=qtype, L4=codes_l, LX=acts_l, ACC=acc_l,
-        BN=bn, MOE=moe, ROUTE_WEIGHTED=route_w is not None, num_warps=t["num_warps"])
+        w.stride(-2), out.stride(0) if split > 1 else 0, out.stride(-2), QTYPE=qtype, WARPS=t["num_warps"],
+        REPS=t["reps"], MOE=moe, ROUTE_WEIGHTED=route_w is not None, num_warps=t["num_warps"])
 
 
 def linear(x, qweight, qtype: int, n: int, num_sms: int, tuning: dict | None = None):
@@ -537,14 +547,13 @@ def kernel_configs() -> list[dict]:
            "stride_os": "i32", "stride_om": "i32"}
     cfgs = []
     for qtype in MMA_TYPES:
-        codes_l, acts_l, acc_l = layouts(MMA_TUNING["num_warps"], MMA_TUNING["reps"], qtype)
         for moe, weighted, out in ((False, False, "*fp32"), (False, False, "*bf16"), (True, False, "*fp32"),
                                    (True, True, "*bf16")):
             name = (f"mma {gguf.GGMLQuantizationType(qtype).name.lower()} {'moe' if moe else 'linear'}"
                     f"{' weighted' if weighted else ''} -> {out[1:]}")
             cfgs.append(dict(name=name, kernel=_mma_kernel, signature={**sig, "out_ptr": out},
-                             constexprs=dict(QTYPE=qtype, L4=codes_l, LX=acts_l, ACC=acc_l, BN=block_rows(), MOE=moe,
-                                             ROUTE_WEIGHTED=weighted),
+                             constexprs=dict(QTYPE=qtype, WARPS=MMA_TUNING["num_warps"], REPS=MMA_TUNING["reps"],
+                                             MOE=moe, ROUTE_WEIGHTED=weighted),
                              num_warps=MMA_TUNING["num_warps"], num_stages=1, gluon=True,
                              divisible_by_16=("x_ptr", "w_ptr", "out_ptr", "stride_xm", "stride_we", "stride_wn",
                                               "stride_om")))

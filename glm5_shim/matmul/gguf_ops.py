@@ -11,7 +11,8 @@ import threading
 
 import torch
 
-from glm5_shim.gguf.kernel_coverage import gguf_bf16_refused_at, shim_kernel_covers, vllm_vector_kernel_rows
+from glm5_shim.gguf.kernel_coverage import (gguf_bf16_refused_at, shim_kernel_covers, vllm_moe_decode_faster,
+                                            vllm_vector_kernel_rows)
 
 _ACT_DTYPES = (torch.float16, torch.bfloat16)
 _lock = threading.Lock()
@@ -49,6 +50,11 @@ def _moe_op(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: 
 
     from glm5_shim.kernels.gguf_matmul import gguf_moe
 
+    if vllm_moe_decode_faster(qtype13, x.shape[0]) and _vllm_vector_kernel_trusted(x):
+        # inside the op, like the linear's row test: the token count is dynamic to torch.compile
+        from vllm.model_executor.layers.quantization.gguf import _fused_moe_gguf
+
+        return _fused_moe_gguf(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, "silu")
     return gguf_moe(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, align=moe_align_block_size)
 
 

@@ -56,12 +56,12 @@ def _apply(module, patch: Patch) -> None:
 
     names = "/".join(gguf.GGMLQuantizationType(t).name for t in SHIM_KERNEL_TYPES)
     mma = "/".join(gguf.GGMLQuantizationType(t).name for t in MMA_DECODE_TYPES)
-    decode = (f"decode-sized {mma} products, dense ones at 1-8 rows too, on the register-MMA kernels "
-              "(GLM5_SHIM_GGUF_DECODE=mma; not yet GPU-tested)" if settings.gguf_decode_choice() == "mma" else
-              "dense linears at 1-6 rows on vLLM's vector kernel in fp16 or below compute capability 10")
+    decode = (f"decode-sized {mma} MoE products on the register-MMA kernels (GLM5_SHIM_GGUF_DECODE=tile for the "
+              "tile kernels)" if settings.gguf_decode_choice() == "mma" else "decode on the tile kernels")
     init_logger("vllm.glm5_shim.gguf").info(
-        "glm5-shim: GGUF matmuls of %s weights run on the shim's Triton kernels (%s; other types on vLLM's ggml "
-        "kernels; GLM5_SHIM_GGUF_KERNELS=vllm for all on vLLM's)", names, decode)
+        "glm5-shim: GGUF matmuls of %s weights run on the shim's Triton kernels (%s; dense linears at 1-6 rows and "
+        "IQ MoE decode of up to 8-32 tokens on vLLM's vector kernels in fp16 or below compute capability 10; other "
+        "types on vLLM's ggml kernels; GLM5_SHIM_GGUF_KERNELS=vllm for all on vLLM's)", names, decode)
 
 
 PATCHES = [
@@ -69,7 +69,7 @@ PATCHES = [
         name="gguf-kernels",
         target=_TARGET,
         replaces=(f"{_TARGET}:fused_mul_mat_gguf", f"{_TARGET}:fused_moe_gguf", f"{_TARGET}:GGUFLinearMethod.apply"),
-        summary="GGUF linears and MoE experts of types Q4_K/Q6_K/Q5_K/Q8_0 run on the shim's Triton kernels "
+        summary="GGUF linears and MoE experts of the K-quant, legacy and IQ types run on the shim's Triton kernels "
                 "(weights read once per call, bf16 or fp16 activations); other types keep vLLM's ggml kernels",
         check=_check,
         apply=_apply,

@@ -5,7 +5,7 @@ import pytest
 
 from glm5_shim.gguf.config import build_hf_config
 from glm5_shim.gguf.fixture import make_tiny
-from glm5_shim.gguf.kernel_coverage import KERNEL_TYPES_AWAITING_GPU, MMA_DECODE_TYPES, SHIM_KERNEL_TYPES
+from glm5_shim.gguf.kernel_coverage import MMA_DECODE_TYPES, SHIM_KERNEL_TYPES, VLLM_MOE_DECODE_TOKENS
 from glm5_shim.gguf.load_plan import plan_tensors
 from glm5_shim.gguf.reader import open_gguf
 from glm5_shim.gguf.report import format_matmul_paths, matmul_paths
@@ -35,31 +35,28 @@ def test_each_quantized_matmul_weight_is_counted_once_on_the_path_its_type_takes
         side = "shim" if qt in SHIM_KERNEL_TYPES else "vllm"
         expected[side][t.vllm_type] = expected[side].get(t.vllm_type, 0) + 1
     assert paths == expected
-    assert paths["vllm"] and paths["shim"], paths  # the preset mixes both (Q2_K/Q3_K experts, K-quants elsewhere)
+    assert {"Q2_K", "Q3_K", "Q6_K"} <= set(paths["shim"]) and not paths["vllm"], paths  # every type has a kernel
     off = matmul_paths(q2k_plan, shim_kernels=False)
     assert not off["shim"] and sum(off["vllm"].values()) == sum(map(sum, (d.values() for d in paths.values())))
 
 
-def test_the_line_names_the_types_whose_shim_kernels_wait_for_the_gpu(q2k_plan):
-    line = format_matmul_paths(matmul_paths(q2k_plan))
-    waiting = [gguf.GGMLQuantizationType(t).name for t in KERNEL_TYPES_AWAITING_GPU]
-    present = [name for name in waiting if name in matmul_paths(q2k_plan)["vllm"]]
-    assert present, "the Q2_K preset should hold a type whose kernel waits for the GPU"
-    assert f"shim kernels for {'/'.join(present)} are written and wait for their GPU tests" in line
-    no_wait = format_matmul_paths({"shim": {"Q4_K": 3}, "vllm": {"TQ1_0": 2}})  # a type with no shim kernel
-    assert "wait for their GPU tests" not in no_wait and "TQ1_0 x2" in no_wait
+def test_the_line_names_the_iq_types_whose_moe_decode_stays_on_vllm():
+    iq = [gguf.GGMLQuantizationType(t).name for t in VLLM_MOE_DECODE_TOKENS][:2]
+    line = format_matmul_paths({"shim": {"Q4_K": 3, iq[0]: 2, iq[1]: 1}, "vllm": {"TQ1_0": 2}})
+    assert f"dense linears at 1-6 rows and {iq[0]}/{iq[1]} MoE decode of up to 8-32 tokens stay on vLLM's" in line
+    assert "TQ1_0 x2" in line  # a type with no shim kernel
+    assert "MoE decode" not in format_matmul_paths({"shim": {"Q4_K": 3}, "vllm": {}})
 
 
-def test_the_line_says_where_decode_runs_with_and_without_the_mma_switch(monkeypatch):
+def test_the_line_says_where_decode_runs_by_default_and_with_the_tile_switch(monkeypatch):
     paths = {"shim": {"Q4_K": 3, "Q6_K": 1, "Q8_0": 2}, "vllm": {}}
     mma = "/".join(t for t in paths["shim"] if int(gguf.GGMLQuantizationType[t]) in MMA_DECODE_TYPES)
     assert "Q4_K" in mma
     monkeypatch.delenv("GLM5_SHIM_GGUF_DECODE", raising=False)
     line = format_matmul_paths(paths)
-    assert f"GLM5_SHIM_GGUF_DECODE=mma runs decode-sized {mma} products on the register-MMA kernels" in line
-    assert "1-6 rows stay on vLLM's vector kernel" in line
-    monkeypatch.setenv("GLM5_SHIM_GGUF_DECODE", "mma")
+    assert f"decode-sized {mma} products on the register-MMA kernels (GLM5_SHIM_GGUF_DECODE=tile" in line
+    assert "1-6 rows stay on vLLM's vector kernels" in line
+    monkeypatch.setenv("GLM5_SHIM_GGUF_DECODE", "tile")
     line = format_matmul_paths(paths)
-    assert f"decode-sized {mma} products on the register-MMA kernels" in line
-    assert "1-6 rows stay" not in line
-    assert "register-MMA" not in format_matmul_paths({"shim": {}, "vllm": {"Q2_K": 2}})
+    assert f"GLM5_SHIM_GGUF_DECODE=mma (the default) runs decode-sized {mma} products" in line
+    assert "register-MMA" not in format_matmul_paths({"shim": {}, "vllm": {"TQ1_0": 2}})

@@ -103,3 +103,25 @@ def test_cuda_graph_capture_and_replay(monkeypatch):
         assert ((out_moe.double().cpu() - want).norm() / want.norm()).item() <= 8 * U[torch.bfloat16]
         want_l = x2.double() @ ref.dequantize(wl, gm.Q4_K, h).T
         assert ((out_lin.double().cpu() - want_l).norm() / want_l.norm()).item() <= 4 * U[torch.bfloat16]
+
+
+def test_compiles_under_a_post_compile_hook():
+    """vLLM sets Triton's jit_post_compile_hook after warm-up, and Triton serialises a new compile's constexprs to
+    JSON before calling it (tests/test_kernel_compile_hooks.py): a variant compiled with such a hook set must launch
+    and compute as any other."""
+    from triton import knobs
+
+    gm, ref, mma = _mods()
+    g = torch.Generator().manual_seed(12)
+    w = ref.random_blocks(gm.Q4_K, 96, 512, g)
+    x = torch.randn(3, 512, generator=g).to(torch.bfloat16)
+    compiled = []
+    previous = knobs.runtime.jit_post_compile_hook
+    knobs.runtime.jit_post_compile_hook = lambda **kw: compiled.append(kw["fn"].name)
+    try:   # a launch shape no other test uses: it compiles here
+        got = mma.linear(x.cuda(), w.cuda(), gm.Q4_K, 96, 7, tuning=dict(num_warps=2, reps=1, ctas_per_sm=1))
+    finally:
+        knobs.runtime.jit_post_compile_hook = previous
+    assert "_mma_kernel" in compiled
+    want = ref.linear_reference(x, w, gm.Q4_K)
+    assert ((got.double().cpu() - want).norm() / want.norm()).item() <= 4 * U[torch.bfloat16]

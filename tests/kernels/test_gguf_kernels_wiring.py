@@ -2,6 +2,7 @@
 Triton interpreter on CPU tensors) and give the float64 answer; what the shim does not cover reaches vLLM's ops."""
 from __future__ import annotations
 
+import gguf
 import pytest
 import torch
 
@@ -89,8 +90,8 @@ def test_one_type_shards_run_as_one_launch(patched, monkeypatch):
 
 
 def test_few_rows_and_uncovered_types_reach_vllms_kernels(patched, monkeypatch):
-    """1-6 rows (in fp16) go to vLLM's vector kernel, with exact rows cut from a padded shard; an IQ type and a
-    K that is not whole super-blocks go to vLLM's op untouched."""
+    """1-6 rows (in fp16) go to vLLM's vector kernel, with exact rows cut from a padded shard; a type without a shim
+    kernel and a K that is not whole super-blocks go to vLLM's op untouched."""
     seen = []
     monkeypatch.setattr(patched, "_fused_mul_mat_gguf",
                         lambda x, w, t: seen.append((x.shape[0], tuple(w.shape), t)) or torch.zeros(x.shape[0],
@@ -105,9 +106,10 @@ def test_few_rows_and_uncovered_types_reach_vllms_kernels(patched, monkeypatch):
     assert seen == [(2, (8, 288), gm.Q4_K)]
     fallback = []
     drop_in = gguf_ops.make_fused_mul_mat(lambda x, w, t: fallback.append(t) or "vllm")
-    assert drop_in(torch.randn(9, 512), torch.zeros(4, 130, dtype=torch.uint8), 16) == "vllm"  # IQ2_XXS
+    tq1 = int(gguf.GGMLQuantizationType.TQ1_0)  # a type the shim has no kernel for
+    assert drop_in(torch.randn(9, 512), torch.zeros(4, 108, dtype=torch.uint8), tq1) == "vllm"
     assert drop_in(torch.randn(9, 320), torch.zeros(4, 340, dtype=torch.uint8), gm.Q8_0) == "vllm"
-    assert fallback == [16, gm.Q8_0]
+    assert fallback == [tq1, gm.Q8_0]
 
 
 def test_register_mma_decode_takes_the_rows_vllms_vector_kernel_may_not(patched, monkeypatch):
@@ -172,3 +174,25 @@ def test_vllms_moe_method_runs_on_the_shim_kernels(patched):
         torch.ops.vllm.glm5_gguf_moe = original_op
     want = ref.moe_reference(x, w13, w2, wts, ids, gm.Q4_K, gm.Q6_K)
     assert ((got.double() - want).norm() / want.norm()).item() < 1e-5
+
+
+def test_iq_moe_decode_goes_to_vllm_where_it_was_faster_and_trusted(patched, monkeypatch):
+    """An IQ2_XXS MoE of up to 32 tokens goes to vLLM's vector MoE kernel where vLLM's kernels are trusted with
+    the activations (kernel_coverage.VLLM_MOE_DECODE_TOKENS); 33 tokens, bf16 where vLLM is refused it, or a K-quant
+    go to the shim's kernels."""
+    from glm5_shim.gguf.kernel_coverage import VLLM_MOE_DECODE_TOKENS
+    from glm5_shim.matmul import gguf_ops
+
+    iq2 = int(gguf.GGMLQuantizationType.IQ2_XXS)
+    assert VLLM_MOE_DECODE_TOKENS[iq2] == 32
+    went = []
+    monkeypatch.setattr(patched, "_fused_moe_gguf", lambda x, *a: went.append(("vllm", x.shape[0])) or x)
+    monkeypatch.setattr(gm, "gguf_moe", lambda x, *a, **kw: went.append(("shim", x.shape[0])) or x)
+    w = torch.zeros(1, 1, dtype=torch.uint8)
+    ids, wts = torch.zeros(33, 8, dtype=torch.int32), torch.zeros(33, 8)
+    monkeypatch.setattr(gguf_ops, "_vllm_vector_kernel_trusted", lambda x: True)
+    for t, qtype in ((32, iq2), (33, iq2), (1, gm.Q4_K)):
+        gguf_ops._moe_op(torch.zeros(t, 256), w, w, wts[:t], ids[:t], qtype, qtype)
+    monkeypatch.setattr(gguf_ops, "_vllm_vector_kernel_trusted", lambda x: False)
+    gguf_ops._moe_op(torch.zeros(1, 256), w, w, wts[:1], ids[:1], iq2, iq2)
+    assert went == [("vllm", 32), ("shim", 33), ("shim", 1), ("shim", 1)]
