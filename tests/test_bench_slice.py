@@ -516,9 +516,13 @@ def test_parts_serve_alone_on_the_gpu_with_the_profiler_armed(tmp_path):
     cfg = json.loads(extra[extra.index("--profiler-config") + 1])
     assert cfg["profiler"] == "torch" and Path(cfg["torch_profiler_dir"]).is_absolute()
     assert cfg["ignore_frontend"] and not cfg["torch_profiler_with_stack"]
-    assert [p.key for p in parts.PARTS.values()] == list("abcdef")
+    assert [p.key for p in parts.PARTS.values()] == list("abcdefgh")
     assert parts.PARTS["c"].kernels == "vllm" and parts.PARTS["b"].path == "native"
+    g, h = parts.PARTS["g"], parts.PARTS["h"]
+    assert g.decode == "tile" and h.decode == "mma" and g.server_key != h.server_key
     arm = parts.SliceArm("c", "r8-Q4_K_M", "auto", "shim", kernels="vllm")
     env = arm.env()
     assert env["GLM5_SHIM_GGUF_KERNELS"] == "vllm" and env["GLM5_SHIM_ATTENTION"] == "triton"
     assert "GLM5_SHIM_ATTENTION" not in parts.SliceArm("b", "r8-Q4_K_M", "auto", "native").env()
+    tile = parts.SliceArm("g", "r8-Q4_K_M", "auto", "shim", extra_env={"GLM5_SHIM_GGUF_DECODE": "tile"}).env()
+    assert tile["GLM5_SHIM_GGUF_DECODE"] == "tile" and tile["GLM5_SHIM_ATTENTION"] == "triton"

@@ -42,13 +42,14 @@ class Part:
     path: str  # shim | native
     steps: tuple[str, ...]
     kernels: str = "shim"  # shim | vllm (GLM5_SHIM_GGUF_KERNELS)
+    decode: str = "mma"  # mma | tile (GLM5_SHIM_GGUF_DECODE)
     concurrency: tuple[int, ...] = (1, 8, 32, 64)
     in_len: int = 2048
     est_s: int = 180  # expected wall time with a fresh server (start-up included), for --budget-s
 
     @property
     def server_key(self) -> tuple:
-        return (self.slice, self.path, self.kernels)
+        return (self.slice, self.path, self.kernels, self.decode)
 
 
 PARTS = {p.key: p for p in (
@@ -64,6 +65,11 @@ PARTS = {p.key: p for p in (
          concurrency=(1, 32), est_s=180),
     Part("f", "full-width Q4_K_M at TP 1, shim arm", "full-Q4_K_M", "shim",
          ("startup", "decode", "prefill", "profile"), est_s=300),
+    # the decode kernels A/B in one run: the tile kernels, then the register-MMA kernels (the default) again
+    Part("g", "rank-of-8 Q4_K_M, shim arm, tile decode (GLM5_SHIM_GGUF_DECODE=tile)", "r8-Q4_K_M", "shim",
+         ("startup", "decode"), decode="tile", concurrency=(1, 32), est_s=150),
+    Part("h", "rank-of-8 Q4_K_M, shim arm, register-MMA decode (the default)", "r8-Q4_K_M", "shim",
+         ("startup", "decode"), concurrency=(1, 32), est_s=150),
 )}
 
 
@@ -216,7 +222,8 @@ class Runner:
         trace_dir.mkdir(parents=True, exist_ok=True)
         arm = SliceArm(f"{part.key}-{part.slice}-{part.path}" + ("-kernels-off" if part.kernels != "shim" else ""),
                        part.slice, "auto", part.path, port=self.args.base_port + self.servers_started,
-                       kernels=part.kernels, server_key=part.server_key, trace_dir=trace_dir)
+                       kernels=part.kernels, server_key=part.server_key, trace_dir=trace_dir,
+                       extra_env={} if part.decode == "mma" else {"GLM5_SHIM_GGUF_DECODE": part.decode})
         limits, extra = serve_flags(trace_dir)
         self.servers_started += 1
         start(arm, {part.slice: self.results["slices"][part.slice]["path"]}, self.out, 1, extra=extra, limits=limits)
