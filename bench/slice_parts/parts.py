@@ -67,9 +67,9 @@ PARTS = {p.key: p for p in (
          ("startup", "decode", "prefill", "profile"), est_s=300),
     # the decode kernels A/B in one run: the tile kernels, then the register-MMA kernels (the default) again
     Part("g", "rank-of-8 Q4_K_M, shim arm, tile decode (GLM5_SHIM_GGUF_DECODE=tile)", "r8-Q4_K_M", "shim",
-         ("startup", "decode"), decode="tile", concurrency=(1, 32), est_s=150),
+         ("startup", "decode"), decode="tile", concurrency=(1, 32), est_s=120),
     Part("h", "rank-of-8 Q4_K_M, shim arm, register-MMA decode (the default)", "r8-Q4_K_M", "shim",
-         ("startup", "decode"), concurrency=(1, 32), est_s=150),
+         ("startup", "decode"), concurrency=(1, 32), est_s=120),
 )}
 
 
