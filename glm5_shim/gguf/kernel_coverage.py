@@ -19,10 +19,14 @@ SHIM_KERNEL_TYPES = (int(_T.Q4_K), int(_T.Q6_K), int(_T.Q5_K), int(_T.Q8_0), int
 # instructions a weight, so there vLLM wins to T = 32 (IQ2_XXS 64 vs 99 µs at T = 1, 1389 vs 1535 at 32) and the
 # shim from T = 256 (2455 vs 10953); IQ4_XS to T = 8 (326 vs 338), the shim from 32 (903 vs 1227).  IQ4_NL shares
 # IQ4_XS's decode and was not measured apart.  Where vLLM's kernels are trusted with the activations, such calls go
-# to vLLM.
-VLLM_MOE_DECODE_TOKENS = {int(_T.IQ2_XXS): 32, int(_T.IQ2_S): 32, int(_T.IQ3_XXS): 32, int(_T.IQ3_S): 32,
-                          int(_T.IQ2_XS): 32, int(_T.IQ1_S): 32, int(_T.IQ1_M): 32, int(_T.IQ4_XS): 8,
-                          int(_T.IQ4_NL): 8}
+# to vLLM.  Not IQ3_S: see VLLM_MISDECODED_TYPES.
+VLLM_MOE_DECODE_TOKENS = {int(_T.IQ2_XXS): 32, int(_T.IQ2_S): 32, int(_T.IQ3_XXS): 32, int(_T.IQ2_XS): 32,
+                          int(_T.IQ1_S): 32, int(_T.IQ1_M): 32, int(_T.IQ4_XS): 8, int(_T.IQ4_NL): 8}
+# Types vLLM 0.23's ggml kernels decode wrongly, which the shim never hands them.  IQ3_S: vLLM's grid
+# (csrc/quantization/gguf/ggml-common.h, iq3xs_grid) is llama.cpp's from before March 2024, whose top level reads
+# 15.5 where today's files mean 15 (the gguf package and llama.cpp agree on 15): the largest weights of every
+# sub-block come out 3.3 % too large, ~2 % per matrix and 3.9 % through a gated MoE on the H200 (2026-12-02).
+VLLM_MISDECODED_TYPES = (int(_T.IQ3_S),)
 # Types whose decode-sized MoE passes run on the register-MMA kernels (kernels/gguf_mma.py) by default
 # (GLM5_SHIM_GGUF_DECODE=tile keeps the tile kernels).  Measured on the H200 (bench/RESULTS.md, 2026-12-02 session 6):
 # 1.1-2.5x faster than the tile kernels at TP-8 MoE shapes, T = 1-64, every type.
@@ -36,6 +40,11 @@ K_MULTIPLE = 256  # the kernels step through K in half super-blocks; GLM-5's inp
 def vllm_moe_decode_faster(qtype13: int, tokens: int) -> bool:
     """Whether vLLM's vector MoE kernel computed a call of this many tokens faster than the shim's (w13's type)."""
     return tokens <= VLLM_MOE_DECODE_TOKENS.get(int(qtype13), 0)
+
+
+def vllm_decodes(*qtypes: int) -> bool:
+    """False when vLLM's ggml kernels decode one of these types wrongly (VLLM_MISDECODED_TYPES)."""
+    return not any(int(t) in VLLM_MISDECODED_TYPES for t in qtypes)
 
 
 def shim_kernel_covers(ggml_type: int, k: int) -> bool:

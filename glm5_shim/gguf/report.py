@@ -36,7 +36,7 @@ import gguf
 from glm5_shim import settings
 
 from .config import build_hf_config, indexer_layout
-from .kernel_coverage import MMA_DECODE_TYPES, VLLM_MOE_DECODE_TOKENS, kernel_path
+from .kernel_coverage import MMA_DECODE_TYPES, VLLM_MISDECODED_TYPES, VLLM_MOE_DECODE_TOKENS, kernel_path
 from .errors import GGUFError
 from .load_plan import MTP_FLAG, LoadPlan, mtp_draft_problem, plan_load, plan_tensors
 from . import memory
@@ -120,8 +120,11 @@ def format_matmul_paths(paths: dict[str, dict[str, int]]) -> str:
     iq_note = f" and {'/'.join(iq)} MoE decode of up to 8-32 tokens" if iq else ""
     rows_note = (f"dense linears at 1-6 rows{iq_note} stay on vLLM's vector kernels in fp16 or below compute "
                  "capability 10; ")
+    wrong = [t for t in paths["vllm"] if int(gguf.GGMLQuantizationType[t]) in VLLM_MISDECODED_TYPES]
+    warning = (f"; WARNING: vLLM 0.23's kernels decode {'/'.join(wrong)} wrongly (an outdated grid: ~2 % error a "
+               "matrix), the shim's kernels (GLM5_SHIM_GGUF_KERNELS=shim) do not") if wrong else ""
     return (f"GGUF matmuls: shim kernels {listed(paths['shim'])}; vLLM's ggml kernels {listed(paths['vllm'])} "
-            f"({rows_note}{hint}{decode})")
+            f"({rows_note}{hint}{decode}{warning})")
 
 
 def mtp_report(model: GGUFModel, config: dict[str, Any], tp_sizes=TP_SIZES) -> dict[str, Any]:

@@ -60,3 +60,11 @@ def test_the_line_says_where_decode_runs_by_default_and_with_the_tile_switch(mon
     line = format_matmul_paths(paths)
     assert f"GLM5_SHIM_GGUF_DECODE=mma (the default) runs decode-sized {mma} products" in line
     assert "register-MMA" not in format_matmul_paths({"shim": {}, "vllm": {"TQ1_0": 2}})
+
+
+def test_the_line_warns_when_vllms_kernels_would_decode_iq3_s():
+    """vLLM 0.23 decodes IQ3_S with llama.cpp's pre-2024 grid (kernel_coverage.VLLM_MISDECODED_TYPES): a file whose
+    IQ3_S weights would run there (GLM5_SHIM_GGUF_KERNELS=vllm) is told so; on the shim's kernels nothing is said."""
+    line = format_matmul_paths({"shim": {}, "vllm": {"IQ3_S": 4, "IQ2_XXS": 2}})
+    assert "WARNING: vLLM 0.23's kernels decode IQ3_S wrongly" in line
+    assert "WARNING" not in format_matmul_paths({"shim": {"IQ3_S": 4}, "vllm": {"IQ2_XXS": 2}})

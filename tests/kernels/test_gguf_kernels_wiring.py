@@ -193,6 +193,28 @@ def test_iq_moe_decode_goes_to_vllm_where_it_was_faster_and_trusted(patched, mon
     monkeypatch.setattr(gguf_ops, "_vllm_vector_kernel_trusted", lambda x: True)
     for t, qtype in ((32, iq2), (33, iq2), (1, gm.Q4_K)):
         gguf_ops._moe_op(torch.zeros(t, 256), w, w, wts[:t], ids[:t], qtype, qtype)
+    iq3s = int(gguf.GGMLQuantizationType.IQ3_S)  # vLLM decodes it wrongly (VLLM_MISDECODED_TYPES): never there
+    gguf_ops._moe_op(torch.zeros(1, 256), w, w, wts[:1], ids[:1], iq2, iq3s)
     monkeypatch.setattr(gguf_ops, "_vllm_vector_kernel_trusted", lambda x: False)
     gguf_ops._moe_op(torch.zeros(1, 256), w, w, wts[:1], ids[:1], iq2, iq2)
-    assert went == [("vllm", 32), ("shim", 33), ("shim", 1), ("shim", 1)]
+    assert went == [("vllm", 32), ("shim", 33), ("shim", 1), ("shim", 1), ("shim", 1)]
+
+
+def test_iq3_s_never_reaches_vllms_kernels(patched, monkeypatch):
+    """A 1-row IQ3_S linear, where vLLM's vector kernel is trusted and would take a 1-row Q4_K, runs on the shim's
+    kernel: vLLM 0.23 reads IQ3_S's top grid level as 15.5 (kernel_coverage.VLLM_MISDECODED_TYPES)."""
+    from glm5_shim.matmul import gguf_ops
+
+    seen = []
+    monkeypatch.setattr(patched, "_fused_mul_mat_gguf",
+                        lambda x, w, t: seen.append(t) or torch.zeros(x.shape[0], w.shape[0], dtype=x.dtype))
+    monkeypatch.setattr(gguf_ops, "_vllm_vector_kernel_trusted", lambda x: True)
+    iq3s = int(gguf.GGMLQuantizationType.IQ3_S)
+    g = torch.Generator().manual_seed(13)
+    w = ref.random_blocks(iq3s, 8, 256, g)
+    x = torch.randn(1, 256, generator=g).half()
+    got = gguf_ops._linear_op(x, w, iq3s, 8)
+    gguf_ops._linear_op(x, ref.random_blocks(gm.Q4_K, 8, 256, g), gm.Q4_K, 8)
+    assert seen == [gm.Q4_K]
+    want = ref.linear_reference(x, w, iq3s)
+    assert ((got.double() - want).norm() / want.norm()).item() < 3e-3
