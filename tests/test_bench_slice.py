@@ -179,6 +179,19 @@ def test_kernels_in_a_cuda_graph_are_placed_by_their_neighbours():
     assert g["count"]["other"] == 4 and g["count"]["norm_rope_act"] == 1
 
 
+def test_register_mma_kernels_are_placed_by_the_silu_between_the_moe_passes():
+    """Under a CUDA graph the shim's _mma_kernel is a MoE pass right before (w13) or after (w2) the MoE's
+    _silu_mul_splits_kernel, with the top-k sum after w2; elsewhere it is a dense linear, with its split-K sum and
+    the copy back."""
+    names = ["void vllm::moe::moe_align_block_size_kernel<int>(...)", "_mma_kernel", "_silu_mul_splits_kernel",
+             "_mma_kernel", SUM_BF16,
+             "triton_red_fused_fused_add_rms_norm_moe_forward_shared_0", "_mma_kernel", SUM_F32, COPY]
+    ev = [_ev("cuda_runtime", "cudaGraphLaunch", 0, 2, corr=1)]
+    ev += [_ev("kernel", n, 10 + 10 * i, 1, tid=7, corr=1) for i, n in enumerate(names)]
+    g = kernels.group_trace({"traceEvents": ev})
+    assert g["count"]["gguf_moe"] == 6 and g["count"]["gguf_dense"] == 3, g["count"]
+
+
 def test_decode_window_counts_only_tokens_while_every_stream_decodes():
     # stream A: first token at 1.0, then every 0.1 s to 3.0; stream B starts at 1.5 and ends at 2.5
     a = [1.0 + 0.1 * i for i in range(21)]

@@ -46,11 +46,11 @@ _RULES: tuple[tuple[str, str], ...] = (
     # _convert_req_index_to_global_index_kernel is the native arm's top-k → cache slot step, the shim's _convert_kernel)
     ("attention", r"mla|flash_fwd|concat_and_cache|cp_gather_and_upconvert|^_convert_(req_index_to_global_index_)?"
                   r"kernel|sparse_attn"),
-    ("gguf_moe", r"^_moe_kernel|moe_q\d|moe_vec_q|moe_sum|moe_align|sort_expert|count_and_sort|grouped_?topk|"
-                 r"topk_?gating|topk_?softmax|topk_?sigmoid|topk_with_k2|group_idx_and_topk|noaux|router_gemm|"
+    ("gguf_moe", r"^_moe_kernel|^_silu_mul_splits_kernel|moe_q\d|moe_vec_q|moe_sum|moe_align|sort_expert|"
+                 r"count_and_sort|grouped_?topk|topk_?gating|topk_?softmax|topk_?sigmoid|topk_with_k2|group_idx_and_topk|noaux|router_gemm|"
                  r"fused_moe|moe_|moe::|moeTopK|moeSoftmax|moeSigmoid"),
-    ("gguf_dense", r"^_linear_kernel|^_dequant_kernel|mul_mat_vec_q|mul_mat_q|dequantize_block|quantize_q8_1|"
-                   r"ggml"),
+    ("gguf_dense", r"^_linear_kernel|^_mma_kernel|^_dequant_kernel|mul_mat_vec_q|mul_mat_q|dequantize_block|"
+                   r"quantize_q8_1|ggml"),
     ("norm_rope_act", r"rms_?norm|layer_?norm|rotary|\brope\b|rope_|silu|act_and_mul|gelu|swiglu|"
                       r"^triton_(poi|red|per)_"),
     ("sampling", r"argmax|log_?softmax|softmax|sampl|gumbel|exponential|top_?k_?top_?p|penalt|logits_?process"),
@@ -63,7 +63,10 @@ OTHER_KINDS = (("gemm (cuBLAS/CUTLASS)", re.compile(r"gemm|nvjet|cutlass|xmma|wg
                ("copy/fill", re.compile(r"copy|memcpy|memset|fill|cat_|index|gather|scatter", re.IGNORECASE)))
 # kernels placed by their neighbours on the stream (module docstring)
 _QUANTIZE_Q8_1 = re.compile(r"quantize_q8_1")
-_SPLIT_K_PRODUCER = re.compile(r"^_linear_kernel|^_moe_kernel")
+_SPLIT_K_PRODUCER = re.compile(r"^_linear_kernel|^_moe_kernel|^_mma_kernel")
+# the register-MMA kernel serves dense linears and both MoE passes: a MoE pass is next to the SiLU of its split sums
+_MMA = re.compile(r"^_mma_kernel")
+_SILU_SPLITS = re.compile(r"^_silu_mul_splits_kernel")
 _SUM = re.compile(r"reduce_kernel.*sum_fun", re.IGNORECASE)
 _COPY = re.compile(r"copy_kernel", re.IGNORECASE)
 # CPU ops whose launches take the op's category (innermost enclosing op wins)
@@ -189,13 +192,19 @@ def group_trace(trace: dict, step_pattern: str = r"^execute_context_") -> dict:
 def _place_by_neighbours(kernels: list[list]) -> None:
     """In place, on [pid, tid, ts, dur, name, category] rows: on each stream in time order, vLLM's quantize_q8_1 takes
     the category of the GGUF kernel it feeds (the next kernel: ggml_moe_a8[_vec] quantizes too, not only the dense
-    matmuls), and a torch sum that directly follows the shim's _linear_kernel or _moe_kernel (the split-K or top-k
-    sum), with the copy right after such a sum, takes that kernel's category."""
+    matmuls), the shim's register-MMA kernel is GGUF MoE right before (w13) or after (w2) the MoE's
+    _silu_mul_splits_kernel and GGUF dense elsewhere, and a torch sum that directly follows the shim's
+    _linear_kernel, _moe_kernel or _mma_kernel (the split-K or top-k sum), with the copy right after a dense
+    linear's sum, takes that kernel's category."""
     streams = defaultdict(list)
     for row in kernels:
         streams[(row[0], row[1])].append(row)
     for rows in streams.values():
         rows.sort(key=lambda r: r[2])
+        for i, row in enumerate(rows):
+            beside = (rows[j][4] for j in (i - 1, i + 1) if 0 <= j < len(rows))
+            if _MMA.search(row[4]) and any(_SILU_SPLITS.search(n) for n in beside):
+                row[5] = "gguf_moe"
         owner = None  # (category, what may follow: "sum" | "copy", a copy after the sum)
         for i, row in enumerate(rows):
             name = row[4]
@@ -206,7 +215,7 @@ def _place_by_neighbours(kernels: list[list]) -> None:
                 # only the linear's float32 sum is copied back (out.copy_); the MoE sums into its output
                 owner = (owner[0], "copy", False) if owner[1] == "sum" and owner[2] else None
             elif _SPLIT_K_PRODUCER.search(name):
-                owner = (row[5], "sum", name.startswith("_linear_kernel"))
+                owner = (row[5], "sum", row[5] == "gguf_dense")
             else:
                 owner = None
 
