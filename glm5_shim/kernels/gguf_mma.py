@@ -30,8 +30,9 @@ One kernel serves a dense linear (tokens are rows of x) and a MoE pass (rows gro
 over ``program_id(1)`` for decode-sized calls; partial sums go to float32 planes the caller adds.  Loads of the
 next half super-block are issued before the current one is decoded (Gluon has no automatic pipeliner).
 
-Not yet run on a GPU (as of 2026-12-02): the plans in :mod:`gguf_matmul` use it only with
-``GLM5_SHIM_GGUF_DECODE=mma`` until the GPU tests and the bench have.
+GPU-tested on the H200 (tests/gpu/test_gguf_mma_gpu.py) and 1.1-2.5x faster than the tile kernels' MoE decode there
+(bench/RESULTS.md, 2026-12-02 session 6): the plans in :mod:`gguf_matmul` use it by default
+(``GLM5_SHIM_GGUF_DECODE=tile`` for the tile kernels); dense linears only for kernel_coverage.MMA_LINEAR_TYPES.
 """
 
 import gguf
@@ -471,7 +472,8 @@ def _mma_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_p
 # host side
 # ----------------------------------------------------------------------------------------------------------------
 
-# Launch shape (offline SASS, sm_90: ~3.1 instructions a weight, no shared memory; not yet tuned on a GPU):
+# Launch shape (offline SASS, sm_90: ~3.1 instructions a weight, no shared memory; the sweep, bench/gguf_matmul.py
+# --parts mma_sweep, has not run on a GPU yet):
 # 4 warps x 2 row repeats = 128 output features a program, K split so programs cover the GPU ctas_per_sm times.
 MMA_TUNING = dict(num_warps=4, reps=2, ctas_per_sm=4)
 
