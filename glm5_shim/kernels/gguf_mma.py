@@ -37,10 +37,9 @@ GPU-tested on the H200 (tests/gpu/test_gguf_mma_gpu.py) and 1.1-2.5x faster than
 
 import gguf
 import triton.language as tl
-
-from glm5_shim.gguf.kernel_coverage import MMA_DECODE_TYPES
 from triton.runtime.jit import constexpr_function
 
+from glm5_shim.gguf.kernel_coverage import MMA_DECODE_TYPES
 from glm5_shim.kernels.gluon_compat import INTERPRET_K, DistributedLinearLayout, NVMMADistributedLayout, gl, jit, mma_v2
 
 Q8_0 = int(gguf.GGMLQuantizationType.Q8_0)
