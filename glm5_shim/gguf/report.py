@@ -119,7 +119,7 @@ def format_matmul_paths(paths: dict[str, dict[str, int]]) -> str:
     iq = [t for t in paths["shim"] if int(gguf.GGMLQuantizationType[t]) in VLLM_MOE_DECODE_TOKENS]
     iq_note = f" and {'/'.join(iq)} MoE decode of up to 8-32 tokens" if iq else ""
     rows_note = (f"dense linears at 1-6 rows{iq_note} stay on vLLM's vector kernels in fp16 or below compute "
-                 "capability 10; ")
+                 "capability 10; ") if paths["shim"] else ""
     wrong = [t for t in paths["vllm"] if int(gguf.GGMLQuantizationType[t]) in VLLM_MISDECODED_TYPES]
     warning = (f"; WARNING: vLLM 0.23's kernels decode {'/'.join(wrong)} wrongly (an outdated grid: ~2 % error a "
                "matrix), the shim's kernels (GLM5_SHIM_GGUF_KERNELS=shim) do not") if wrong else ""

@@ -67,4 +67,5 @@ def test_the_line_warns_when_vllms_kernels_would_decode_iq3_s():
     IQ3_S weights would run there (GLM5_SHIM_GGUF_KERNELS=vllm) is told so; on the shim's kernels nothing is said."""
     line = format_matmul_paths({"shim": {}, "vllm": {"IQ3_S": 4, "IQ2_XXS": 2}})
     assert "WARNING: vLLM 0.23's kernels decode IQ3_S wrongly" in line
+    assert "stay on vLLM's vector kernels" not in line  # nothing runs on the shim's kernels to leave rows to vLLM
     assert "WARNING" not in format_matmul_paths({"shim": {"IQ3_S": 4}, "vllm": {"IQ2_XXS": 2}})
