@@ -7,9 +7,8 @@ import json
 import types
 
 import pytest
-from triton.runtime.jit import serialize_specialization_data
-
 import triton.language as tl
+from triton.runtime.jit import serialize_specialization_data
 
 
 def _configs():

@@ -47,8 +47,8 @@ _RULES: tuple[tuple[str, str], ...] = (
     ("attention", r"mla|flash_fwd|concat_and_cache|cp_gather_and_upconvert|^_convert_(req_index_to_global_index_)?"
                   r"kernel|sparse_attn"),
     ("gguf_moe", r"^_moe_kernel|^_silu_mul_splits_kernel|moe_q\d|moe_vec_q|moe_sum|moe_align|sort_expert|"
-                 r"count_and_sort|grouped_?topk|topk_?gating|topk_?softmax|topk_?sigmoid|topk_with_k2|group_idx_and_topk|noaux|router_gemm|"
-                 r"fused_moe|moe_|moe::|moeTopK|moeSoftmax|moeSigmoid"),
+                 r"count_and_sort|grouped_?topk|topk_?gating|topk_?softmax|topk_?sigmoid|topk_with_k2|"
+                 r"group_idx_and_topk|noaux|router_gemm|fused_moe|moe_|moe::|moeTopK|moeSoftmax|moeSigmoid"),
     ("gguf_dense", r"^_linear_kernel|^_mma_kernel|^_dequant_kernel|mul_mat_vec_q|mul_mat_q|dequantize_block|"
                    r"quantize_q8_1|ggml"),
     ("norm_rope_act", r"rms_?norm|layer_?norm|rotary|\brope\b|rope_|silu|act_and_mul|gelu|swiglu|"
