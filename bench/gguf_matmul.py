@@ -13,8 +13,9 @@ floor = bytes of the distinct weights a call must read / copy bandwidth measured
 per second of a 2 GiB device copy); for large T also the tensor-core floor (2 * flops / dense bf16 peak).
 
 Where the register-MMA decode kernels (kernels/gguf_mma.py) cover the type, MoE rows of decode size and dense rows
-of up to 8 tokens are timed on them too (``mma_us``, its own table); ``--parts mma_sweep`` times their launch
-shapes (warps x row repeats x programs an SM).
+of up to 8 tokens are timed on them too, next to the tile kernels (MoE: also the register-MMA kernels in session 6's
+five launches, and both routings of today's two-launch path); ``--parts mma_sweep`` times their launch shapes
+(warps x row repeats x programs an SM).
 """
 from __future__ import annotations
 
@@ -192,13 +193,20 @@ def bench_moe(tp: int, type_names, tokens, bw, peak, gen, vg, bf16_moe, rows):
                                                 for i, w in zip(ids, wts)])
             row["shim_pct_floor"] = 100 * floor / row["shim_us"]
             plan = gm.moe_plan(t, TOP_K, EXPERTS)
-            if gguf_mma.covers(qt, HIDDEN, x.dtype) and not plan["fused_gate"]:  # the register-MMA decode arm
-                mplan = {**plan, "mma": True}
-                mine = gm.gguf_moe(x, w13, w2, wts[0], ids[0], qt, qt, align=ALIGN, plan=mplan)
-                row["mma_rel_err_vs_tile"] = ((mine.float() - ours.float()).norm() / ours.float().norm()).item()
-                row["mma_us"] = graph_us([lambda i=i, w=w: gm.gguf_moe(x, w13, w2, w, i, qt, qt, align=ALIGN,
-                                                                        plan=mplan) for i, w in zip(ids, wts)])
-                row["mma_pct_floor"] = 100 * floor / row["mma_us"]
+            if gguf_mma.covers(qt, HIDDEN, x.dtype) and not plan["fused_gate"]:  # the register-MMA decode arms
+                # tile: the tile kernels; mma_s6: the register-MMA kernels in session 6's five launches (align,
+                # w13 planes, SiLU of their sum, w2, top-k sum); direct / sorted: today's two-launch epilogues
+                # with each routing forced (the default picks by MOE_DIRECT_MAX_TOKENS)
+                arms = {"tile": {"mma": False}, "mma_s6": {"mma": True, "fused_epilogues": False}}
+                if t <= 16:
+                    arms.update(mma_direct={"mma": True, "direct": True}, mma_sorted={"mma": True, "direct": False})
+                for arm, extra in arms.items():
+                    aplan = {**plan, **extra}
+                    mine = gm.gguf_moe(x, w13, w2, wts[0], ids[0], qt, qt, align=ALIGN, plan=aplan)
+                    row[f"{arm}_rel_vs_shim"] = ((mine.float() - ours.float()).norm() / ours.float().norm()).item()
+                    row[f"{arm}_us"] = graph_us([lambda i=i, w=w, p=aplan: gm.gguf_moe(x, w13, w2, w, i, qt, qt,
+                                                                                        align=ALIGN, plan=p)
+                                                 for i, w in zip(ids, wts)])
             print(json.dumps(row), flush=True)
             rows.append(row)
         w13 = w2 = w13_bf = w2_bf = None
@@ -232,8 +240,11 @@ def bench_dense(type_names, tokens, bw, peak, gen, vg, rows):
                 row["shim_pct_floor"] = 100 * row["floor_us"] / row["shim_us"]
                 if gguf_mma.covers(qt, k, x.dtype) and t <= gguf_mma.TOKENS:  # the register-MMA decode arm
                     sms = torch.cuda.get_device_properties(0).multi_processor_count
+                    tplan = gm.linear_plan(t, n, k, sms)   # an explicit plan: the tile kernels
+                    tile = gm.gguf_linear(x, ws[0], qt, plan=tplan)
                     mine = gguf_mma.linear(x, ws[0], qt, n, sms)
-                    row["mma_rel_err_vs_tile"] = ((mine.float() - ours.float()).norm() / ours.float().norm()).item()
+                    row["mma_rel_err_vs_tile"] = ((mine.float() - tile.float()).norm() / tile.float().norm()).item()
+                    row["tile_us"] = graph_us([lambda w=w: gm.gguf_linear(x, w, qt, plan=tplan) for w in ws] * 2)
                     row["mma_us"] = graph_us([lambda w=w: gguf_mma.linear(x, w, qt, n, sms) for w in ws] * 2)
                     row["mma_pct_floor"] = 100 * row["floor_us"] / row["mma_us"]
                 print(json.dumps(row), flush=True)
@@ -471,16 +482,29 @@ def markdown(rows, bw, device) -> str:
                 "| impl | TP | type | rc | result |",
                 "|---|---|---|---|---|"]
         out += [f"| {r['impl']} | {r['tp']} | {r['type']} | {r['rc']} | {r['result']} |" for r in cr]
+    ma = [r for r in rows if r["kind"] == "moe" and "mma_s6_us" in r]
+    if ma:
+        out += ["## MoE decode arms (µs): the tile kernels, the register-MMA kernels in session 6's five launches, "
+                "today's default (shim), and its two routings forced", "",
+                "| TP | type | T | tile | mma, 5 launches | **shim** | direct | sorted | floor | shim % floor "
+                "| max rel vs shim |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in ma:
+            rel = max(v for k, v in r.items() if k.endswith("_rel_vs_shim"))
+            out.append(f"| {r['tp']} | {r['type']} | {r['T']} | {fmt(r['tile_us'], 1)} | {fmt(r['mma_s6_us'], 1)} | "
+                       f"**{fmt(r['shim_us'], 1)}** | {fmt(r.get('mma_direct_us'), 1)} | "
+                       f"{fmt(r.get('mma_sorted_us'), 1)} | {fmt(r['floor_us'], 1)} | {fmt(r['shim_pct_floor'])} | "
+                       f"{rel:.4f} |")
+        out.append("")
     mm = [r for r in rows if "mma_us" in r]
     if mm:
-        out += ["## Register-MMA decode kernels (kernels/gguf_mma.py) next to the tile kernels", "",
-                "| call | type | T | tile µs | mma µs | floor µs | tile % floor | mma % floor | mma vs tile rel |",
+        out += ["## Dense linears: the register-MMA kernel (one launch) next to the tile kernels and vLLM", "",
+                "| layer [N, K] | type | T | tile µs | mma µs | vLLM GGUF µs | floor µs | mma % floor "
+                "| mma vs tile rel |",
                 "|---|---|---|---|---|---|---|---|---|"]
         for r in mm:
-            what = f"MoE TP {r['tp']}" if r["kind"] == "moe" else f"{r['layer']} [{r['N']}, {r['K']}]"
-            out.append(f"| {what} | {r['type']} | {r['T']} | {fmt(r['shim_us'], 1)} | {fmt(r['mma_us'], 1)} | "
-                       f"{fmt(r['floor_us'], 1)} | {fmt(r['shim_pct_floor'])} | {fmt(r['mma_pct_floor'])} | "
-                       f"{fmt(r['mma_rel_err_vs_tile'], 4)} |")
+            out.append(f"| {r['layer']} [{r['N']}, {r['K']}] | {r['type']} | {r['T']} | {fmt(r['tile_us'], 1)} | "
+                       f"{fmt(r['mma_us'], 1)} | {fmt(r.get('vllm_gguf_us'), 1)} | {fmt(r['floor_us'], 1)} | "
+                       f"{fmt(r['mma_pct_floor'])} | {fmt(r['mma_rel_err_vs_tile'], 4)} |")
         out.append("")
     return "\n".join(out) + "\n"
 

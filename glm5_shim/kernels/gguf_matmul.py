@@ -1004,6 +1004,9 @@ def moe_align(topk_ids: torch.Tensor, block_m: int, num_experts: int):
 
 SILU_BLOCK = 512
 MOE_DECODE_MAX_ROWS_PER_EXPERT = 4  # up to here: split-K w13 then SiLU; above: fused gate/up tiles
+# Up to here a register-MMA decode MoE routes each (token, slot) pair on its own (no align launch, the top-k sum in
+# the w2 launch); an expert that two pairs share is read twice, rare while pairs << experts
+MOE_DIRECT_MAX_TOKENS = 4
 
 
 def moe_plan(num_tokens: int, top_k: int, num_experts: int, tuning: dict | None = None) -> dict:
@@ -1098,6 +1101,8 @@ def _moe_decode_mma(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, mma13: 
     pairs = t * top_k
     x = x if x.stride(-1) == 1 else x.contiguous()
     tuning = plan.get("mma_tuning")
+    if mma13 and mma2 and inter % gguf_mma.block_rows(tuning) == 0 and plan.get("fused_epilogues", True):
+        return _moe_decode_mma_fused(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan, align, num_sms)
     route8 = align(topk_ids, gguf_mma.TOKENS, e)
     route_tile = align(topk_ids, plan["BLOCK_M"], e) if not (mma13 and mma2) else None
     busy_blocks = min(pairs, e)
@@ -1138,6 +1143,51 @@ def _moe_decode_mma(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, mma13: 
             BLOCK_N=bn, GATED=False, ROUTE_WEIGHTED=True, DOT_PRECISION=_dot_precision(x.dtype),
             num_warps=plan["num_warps"], num_stages=plan["num_stages"])
     return torch.sum(down.view(t, top_k, h), dim=1, out=torch.empty_like(x))
+
+
+def _moe_decode_mma_fused(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan: dict, align,
+                          num_sms: int) -> torch.Tensor:
+    """The decode MoE with both passes on the register-MMA kernels in two launches (plus the routing's): w13 split
+    over K whose last program of each gate/up tile pair writes SiLU(gate) * up; then w2.  Up to
+    MOE_DIRECT_MAX_TOKENS tokens (or plan["direct"]) no routing layout is built: w13 takes one routed pair a block,
+    and w2 one token a block, summing its top-k slots with their weights (split over the slots' super-blocks, the
+    last program adding the splits).  Above, w13 and w2 take moe_align's blocks of 8 and a top-k sum follows."""
+    t, h = x.shape
+    e, two_i, _ = w13.shape
+    inter = two_i // 2
+    top_k = topk_ids.shape[1]
+    pairs = t * top_k
+    tuning = plan.get("mma_tuning")
+    bn = gguf_mma.block_rows(tuning)
+    direct = plan.get("direct", t <= MOE_DIRECT_MAX_TOKENS)
+    ids_flat = topk_ids.reshape(-1)
+    ids_flat = ids_flat if ids_flat.dtype == torch.int32 else ids_flat.to(torch.int32)
+    route_w = topk_weights.reshape(-1)
+    if direct:
+        blocks13, route13, routing13, busy = pairs, (None, ids_flat, None, None), gguf_mma.PAIRS.value, pairs
+    else:
+        sorted_ids, expert_ids, num_padded = align(topk_ids, gguf_mma.TOKENS, e)
+        blocks13, route13, routing13 = expert_ids.numel(), (sorted_ids, expert_ids, num_padded, None), 0
+        busy = min(pairs, e)   # blocks that hold rows: at most one partly filled block per routed row or expert
+    split, per = gguf_mma.splits(busy * (two_i // bn), h // 256, num_sms, tuning)
+    part = torch.empty(split, pairs, two_i, dtype=torch.float32, device=x.device)
+    act = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
+    gguf_mma.launch(x, w13, part, qtype=qtype13, n=two_i, num_valid=pairs, num_blocks=blocks13, split=split,
+                    sb_per_split=per, a_row_div=top_k, route=route13, routing=routing13, final=act, gated=True,
+                    tuning=tuning)
+    out = torch.empty_like(x)
+    if direct:
+        units = top_k * (inter // 256)
+        split, per = gguf_mma.splits(t * -(-h // bn), units, num_sms, tuning)
+        dst = out if split == 1 else torch.empty(split, t, h, dtype=torch.float32, device=x.device)
+        gguf_mma.launch(act, w2, dst, qtype=qtype2, n=h, num_valid=t, num_blocks=t, split=split, sb_per_split=per,
+                        route=(None, ids_flat, None, route_w), routing=gguf_mma.TOKEN_SUM.value, top_k=top_k,
+                        final=None if split == 1 else out, tuning=tuning)
+        return out
+    down = torch.empty(pairs, h, dtype=x.dtype, device=x.device)  # rounded once before the top-k sum
+    gguf_mma.launch(act, w2, down, qtype=qtype2, n=h, num_valid=pairs, num_blocks=blocks13, split=1,
+                    sb_per_split=inter // 256, route=(sorted_ids, expert_ids, num_padded, route_w), tuning=tuning)
+    return torch.sum(down.view(t, top_k, h), dim=1, out=out)
 
 
 # ----------------------------------------------------------------------------------------------------------------

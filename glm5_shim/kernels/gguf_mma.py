@@ -61,6 +61,14 @@ A_ORDER = gl.constexpr((0, 3, 4, 5, 1, 2, 6))
 X_ORDER_Q4K = gl.constexpr((4, 5, 6, 1, 3, 7, 0, 2))
 X_ORDER_Q6K = gl.constexpr((4, 5, 6, 2, 3, 7, 0, 1))
 
+# How a MoE pass's 8 columns are routed (see _mma_kernel), and what a program does with its sums
+SORTED = gl.constexpr(0)       # a block of moe_align's sorted ids, one expert
+PAIRS = gl.constexpr(1)        # one routed (token, slot) pair: no align launch
+TOKEN_SUM = gl.constexpr(2)    # one token, over all its top-k slots: the top-k sum inside the w2 pass
+STORE = gl.constexpr(0)        # write out
+REDUCE = gl.constexpr(1)       # write a float32 split plane; the tile's last program sums the planes into final
+REDUCE_SILU = gl.constexpr(2)  # the same over a gate tile and its up tile, into SiLU(gate) * up
+
 # 16-bit constants, two to a register: the magic number whose low mantissa bits take a code, 1.0, and minus the
 # offset to remove (Q4_K: the magic number; Q6_K: magic + 32, so the result is q - 32)
 _MAGIC = {False: 0x4300, True: 0x6400}              # bf16 128.0, fp16 1024.0
@@ -400,14 +408,44 @@ def _consume_half(acc, QTYPE: tl.constexpr, stage, slot, HF: tl.constexpr, BN: t
 
 
 @jit
-def _mma_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
-                num_valid, N, num_sb, sb_per_split, a_row_div, stride_xm, stride_we, stride_wn, stride_os, stride_om,
+def _pick(vec, lanes, j):
+    """vec[j] of a small register vector (every thread holds all of it), as a scalar."""
+    return gl.sum(gl.where(lanes == j, vec, 0), axis=0)
+
+
+@jit
+def _unit(u, rowp, act_p, ids_vec, rw_vec, lanes, rows_off, w_ptr, stride_we, stride_xm, sb_per_expert,
+          ROUTING: tl.constexpr):
+    """(weight row pointers, activation pointers, super-block, routing weight) of unit u of the program's K loop:
+    super-block u of the one weight, or (TOKEN_SUM) super-block u % sb_per_expert of the expert of top-k slot
+    u // sb_per_expert, against that slot's activation row."""
+    if ROUTING == TOKEN_SUM:
+        j = u // sb_per_expert
+        e = _pick(ids_vec, lanes, j).to(gl.int64)
+        return (gl.expand_dims(w_ptr + e * stride_we + rows_off, 1), act_p + j * stride_xm, u - j * sb_per_expert,
+                _pick(rw_vec, lanes, j))
+    return rowp, act_p, u, 1.0
+
+
+@jit
+def _mma_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, final_ptr,
+                counter_ptr, num_valid, N, num_units, units_per_split, sb_per_expert, num_splits, a_row_div, top_k,
+                stride_xm, stride_we, stride_wn, stride_os, stride_om, stride_fm,
                 QTYPE: tl.constexpr, WARPS: tl.constexpr, REPS: tl.constexpr, MOE: tl.constexpr,
-                ROUTE_WEIGHTED: tl.constexpr):
-    """out[s, row, n] = sum over the super-blocks of split s of x[row // a_row_div, k] * W[n, k], for the 8 rows
-    of block program_id(0) // cdiv(N, BN) (MOE: sorted_ids' block, weights of its expert; else rows 8 b ..
-    8 b + 7 of x) and the BN output features of program_id(0) % cdiv(N, BN); times the routing weight of the row
-    when ROUTE_WEIGHTED.  Rows >= num_valid are neither read nor written."""
+                ROUTE_WEIGHTED: tl.constexpr, ROUTING: tl.constexpr, EPILOGUE: tl.constexpr, TOPK: tl.constexpr):
+    """out[s, row, n] = sum over the units of split s of x[row', k] * W[n, k] for the 8 columns of block
+    program_id(0) // cdiv(N, BN) and the BN output features of program_id(0) % cdiv(N, BN):
+
+    * dense (not MOE): columns = rows 8 b .. 8 b + 7 of x, units = super-blocks of K;
+    * SORTED: columns = sorted_ids' block b (moe_align layout, expert expert_ids[b]), x row = id // a_row_div;
+    * PAIRS: column 0 = routed pair b (expert expert_ids[b], topk_ids flattened), x row = b // a_row_div;
+    * TOKEN_SUM: column 0 = token b; units = (top-k slot, super-block) pairs: slot j's expert expert_ids[b top_k + j]
+      against x row b top_k + j, each slot's sum times its routing weight (the top-k sum of a w2 pass).
+
+    Times the routing weight of the column when ROUTE_WEIGHTED.  Columns >= num_valid are neither read nor written.
+    EPILOGUE: STORE writes out (a split plane, or the result); REDUCE and REDUCE_SILU write float32 planes, and the
+    last program to finish a tile (arrival counted at counter_ptr, reset to 0 by it) sums the planes into final —
+    REDUCE_SILU: a pair of tiles, gate rows f and up rows N / 2 + f, into SiLU(gate) * up."""
     BF16: tl.constexpr = x_ptr.dtype.element_ty == gl.bfloat16
     L4: tl.constexpr = _layout(WARPS, REPS, QTYPE, 0)
     LX: tl.constexpr = _layout(WARPS, REPS, QTYPE, 1)
@@ -422,49 +460,116 @@ def _mma_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_p
     pid_n = pid % num_n
     w_base = w_ptr
     if MOE:
-        if pid_m * 8 >= gl.load(num_padded_ptr):
-            return
-        w_base = w_ptr + gl.load(expert_ids_ptr + pid_m).to(gl.int64) * stride_we
+        if ROUTING == SORTED:
+            if pid_m * 8 >= gl.load(num_padded_ptr):
+                return
+            w_base = w_ptr + gl.load(expert_ids_ptr + pid_m).to(gl.int64) * stride_we
+        elif ROUTING == PAIRS:
+            w_base = w_ptr + gl.load(expert_ids_ptr + pid_m).to(gl.int64) * stride_we
     r1 = gl.arange(0, BN, layout=gl.SliceLayout(1, LSLOT))
     slot = gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, LSLOT)), 0)
     word = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, LWORD)))
-    rows = gl.minimum(pid_n * BN + r1, N - 1).to(gl.int64)   # clamped: every weight load is in bounds, unmasked
-    rowp = gl.expand_dims(w_base + rows * stride_wn, 1)
-    # activation rows [8, 128]
+    rows_off = gl.minimum(pid_n * BN + r1, N - 1).to(gl.int64) * stride_wn  # clamped: every weight load in bounds
+    rowp = gl.expand_dims(w_base + rows_off, 1)
+    # activation rows [8, 128]: the columns' ids, which are valid, the x row each reads
     tok_x = gl.arange(0, 8, layout=gl.SliceLayout(1, LX))
     val_x = gl.arange(0, 128, layout=gl.SliceLayout(0, LX))
-    if MOE:
+    if MOE and ROUTING == SORTED:
         ids_x = gl.load(sorted_ids_ptr + pid_m * 8 + tok_x)
+        ok_x = ids_x < num_valid
+    elif MOE:
+        ids_x = pid_m + tok_x * 0
+        ok_x = (tok_x == 0) & (ids_x < num_valid)
     else:
         ids_x = pid_m * 8 + tok_x
-    ok_x = ids_x < num_valid
-    x_rows = gl.where(ok_x, ids_x, 0).to(gl.int64) // a_row_div
+        ok_x = ids_x < num_valid
+    if ROUTING == TOKEN_SUM:
+        x_rows = gl.where(ok_x, ids_x, 0).to(gl.int64) * top_k
+        LK: tl.constexpr = gl.BlockedLayout([TOPK], [32], [WARPS], [0])
+        lanes = gl.arange(0, TOPK, layout=LK)
+        ids_vec = gl.load(expert_ids_ptr + pid_m * top_k + lanes, mask=lanes < top_k, other=0)
+        rw_vec = gl.load(route_w_ptr + pid_m * top_k + lanes, mask=lanes < top_k, other=0.0).to(gl.float32)
+    else:
+        x_rows = gl.where(ok_x, ids_x, 0).to(gl.int64) // a_row_div
+        lanes = pid_m
+        ids_vec = pid_m
+        rw_vec = pid_m
     act_p = x_ptr + gl.expand_dims(x_rows * stride_xm, 1) + gl.expand_dims(val_x, 0)
     x_ok = gl.expand_dims(ok_x, 1)
 
-    first = pid_s * sb_per_split
-    last = gl.minimum(first + sb_per_split, num_sb)
+    first = pid_s * units_per_split
+    last = gl.minimum(first + units_per_split, num_units)
     acc = gl.zeros([BN, 8], gl.float32, layout=ACC)
-    stage0 = _load_half(QTYPE, rowp, slot, word, act_p, x_ok, first, 0, BN, L4)
-    for sb in range(first, last):
-        # issue the second half's loads, decode the first; issue the next super-block's first half, decode the second
-        stage1 = _load_half(QTYPE, rowp, slot, word, act_p, x_ok, sb, 1, BN, L4)
+    total = gl.zeros([BN, 8], gl.float32, layout=ACC)   # TOKEN_SUM: the slots' weighted sums
+    rp, ap, sb, rw = _unit(first, rowp, act_p, ids_vec, rw_vec, lanes, rows_off, w_ptr, stride_we, stride_xm,
+                           sb_per_expert, ROUTING)
+    stage0 = _load_half(QTYPE, rp, slot, word, ap, x_ok, sb, 0, BN, L4)
+    for u in range(first, last):
+        # issue the second half's loads, decode the first; issue the next unit's first half, decode the second
+        rp, ap, sb, rw = _unit(u, rowp, act_p, ids_vec, rw_vec, lanes, rows_off, w_ptr, stride_we, stride_xm,
+                               sb_per_expert, ROUTING)
+        stage1 = _load_half(QTYPE, rp, slot, word, ap, x_ok, sb, 1, BN, L4)
         acc = _consume_half(acc, QTYPE, stage0, slot, 0, BN, L4, ACC, BF16)
-        stage0 = _load_half(QTYPE, rowp, slot, word, act_p, x_ok, gl.minimum(sb + 1, last - 1), 0, BN, L4)
+        rpn, apn, sbn, rwn = _unit(gl.minimum(u + 1, last - 1), rowp, act_p, ids_vec, rw_vec, lanes, rows_off,
+                                   w_ptr, stride_we, stride_xm, sb_per_expert, ROUTING)
+        stage0 = _load_half(QTYPE, rpn, slot, word, apn, x_ok, sbn, 0, BN, L4)
         acc = _consume_half(acc, QTYPE, stage1, slot, 1, BN, L4, ACC, BF16)
+        if ROUTING == TOKEN_SUM:   # a slot ends (or the split does): its sum joins the total, weighted
+            done = (sb == sb_per_expert - 1) | (u == last - 1)
+            total = total + acc * gl.where(done, rw, 0.0)
+            acc = acc * gl.where(done, 0.0, 1.0)
+    if ROUTING == TOKEN_SUM:
+        acc = total
 
     feat = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, ACC))
     tok_c = gl.arange(0, 8, layout=gl.SliceLayout(0, ACC))
-    if MOE:
+    if MOE and ROUTING == SORTED:
         ids_c = gl.load(sorted_ids_ptr + pid_m * 8 + tok_c)
+        ok_c = ids_c < num_valid
+    elif MOE:
+        ids_c = pid_m + tok_c * 0
+        ok_c = (tok_c == 0) & (ids_c < num_valid)
     else:
         ids_c = pid_m * 8 + tok_c
-    ok_c = ids_c < num_valid
+        ok_c = ids_c < num_valid
     ids_c = gl.where(ok_c, ids_c, 0).to(gl.int64)
     if ROUTE_WEIGHTED:
         acc = acc * gl.expand_dims(gl.load(route_w_ptr + ids_c, mask=ok_c, other=0.0).to(gl.float32), 0)
-    op = out_ptr + pid_s * stride_os + gl.expand_dims(ids_c * stride_om, 0) + gl.expand_dims(feat, 1)
-    gl.store(op, acc.to(out_ptr.dtype.element_ty), mask=gl.expand_dims(ok_c, 0) & gl.expand_dims(feat < N, 1))
+    col_off = gl.expand_dims(ids_c * stride_om, 0)
+    op = out_ptr + pid_s * stride_os + col_off + gl.expand_dims(feat, 1)
+    mask = gl.expand_dims(ok_c, 0) & gl.expand_dims(feat < N, 1)
+    gl.store(op, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    if EPILOGUE != STORE:
+        # the planes of this program are written; count it in (release: every thread's stores first), and the
+        # last of the tile's programs (acquire: their planes are visible) sums them
+        gl.thread_barrier()
+        if EPILOGUE == REDUCE:
+            tile = pid
+            arrivals = num_splits
+        else:
+            half_n = num_n // 2
+            tile = pid_m * half_n + pid_n % half_n
+            arrivals = 2 * num_splits
+        if gl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu") == arrivals - 1:
+            out_col = gl.expand_dims(ids_c * stride_fm, 0)
+            if EPILOGUE == REDUCE:
+                total = gl.zeros([BN, 8], gl.float32, layout=ACC)
+                for s in range(num_splits):
+                    total += gl.load(op + (s - pid_s) * stride_os, mask=mask, other=0.0, cache_modifier=".cg")
+                gl.store(final_ptr + out_col + gl.expand_dims(feat, 1), total.to(final_ptr.dtype.element_ty),
+                         mask=mask)
+            else:
+                f = (pid_n % half_n) * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, ACC))
+                half_mask = gl.expand_dims(ok_c, 0) & gl.expand_dims(f < N // 2, 1)
+                gp = out_ptr + col_off + gl.expand_dims(f, 1)
+                g = gl.zeros([BN, 8], gl.float32, layout=ACC)
+                up = gl.zeros([BN, 8], gl.float32, layout=ACC)
+                for s in range(num_splits):
+                    g += gl.load(gp + s * stride_os, mask=half_mask, other=0.0, cache_modifier=".cg")
+                    up += gl.load(gp + s * stride_os + N // 2, mask=half_mask, other=0.0, cache_modifier=".cg")
+                gl.store(final_ptr + out_col + gl.expand_dims(f, 1),
+                         (g / (1.0 + gl.exp(-g)) * up).to(final_ptr.dtype.element_ty), mask=half_mask)
+            gl.atomic_xchg(counter_ptr + tile, 0, sem="relaxed", scope="gpu")   # ready for the next launch
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -505,56 +610,104 @@ def aligned(w, qtype: int) -> bool:
     return w.data_ptr() % a == 0 and all(st % a == 0 for st in w.stride()[:-1])
 
 
+COUNTER_SLOTS = 1 << 16   # tiles a reducing launch may count in (a decode call has a few thousand at most)
+_counters: dict = {}
+
+
+def counters(device):
+    """The zeroed int32 arrival counters of the reducing epilogues, one buffer per device and stream: a launch
+    leaves every counter it used at zero again, so launches that follow one another on a stream share them, in
+    CUDA graphs too (kernels on two streams could overlap: they get two buffers)."""
+    import torch
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream)
+    buf = _counters.get(key)
+    if buf is None:
+        buf = _counters[key] = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
+    return buf
+
+
 def launch(x, w, out, *, qtype: int, n: int, num_valid: int, num_blocks: int, split: int, sb_per_split: int,
-           a_row_div: int = 1, route=None, tuning: dict | None = None) -> None:
+           a_row_div: int = 1, route=None, routing: int = 0, final=None, gated: bool = False, top_k: int = 1,
+           tuning: dict | None = None) -> None:
     """One launch: x [rows, K] (bf16/fp16), w [N, row bytes] (linear) or [E, N, row bytes] (with route), out
-    [split, out rows, N] float32 partial sums (split > 1) or [out rows, N].
+    [split, out rows, N] float32 partial sums (split > 1, or final given) or [out rows, N].
 
     route: None for a dense linear (rows 8 b .. 8 b + 7 of x for block b), or (sorted_ids, expert_ids, num_padded,
-    route weights or None) for a MoE pass whose routing layout has blocks of 8 rows."""
+    route weights or None) for a MoE pass — routing SORTED: moe_align's layout in blocks of 8 rows; PAIRS: one
+    routed pair a block, expert_ids = topk_ids flattened (sorted_ids, num_padded None); TOKEN_SUM: one token a block
+    summed over its top_k slots (expert_ids = topk_ids flattened, route weights required), sb_per_split then counts
+    (slot, super-block) units.  final: the launch's result [out rows, N] (gated: [out rows, N / 2], SiLU(gate) * up),
+    written by the last program of each tile from the planes in out."""
     t = {**MMA_TUNING, **(tuning or {})}
     bn = block_rows(t)
     moe = route is not None
-    sorted_ids, expert_ids, num_padded, route_w = route if moe else (out, out, out, None)
+    sorted_ids, expert_ids, num_padded, route_w = route if moe else (None, None, None, None)
+    num_sb = x.shape[1] // SB_VALUES.value
+    units = top_k * num_sb if routing == TOKEN_SUM.value else num_sb
     grid = (num_blocks * -(-n // bn), split)
+    epilogue = STORE.value if final is None else (REDUCE_SILU.value if gated else REDUCE.value)
+    counter = out
+    if final is not None:
+        if gated and n % (2 * bn):
+            raise ValueError(f"a gated launch needs gate and up tiles of {bn} rows: N = {n}")
+        tiles = grid[0] // 2 if gated else grid[0]
+        if tiles > COUNTER_SLOTS:
+            raise ValueError(f"{tiles} tiles to count, {COUNTER_SLOTS} counters")
+        counter = counters(x.device)
     _mma_kernel[grid](
-        x, w, out, route_w if route_w is not None else out, sorted_ids, expert_ids, num_padded, num_valid, n,
-        x.shape[1] // SB_VALUES.value, sb_per_split, a_row_div, x.stride(0), w.stride(0) if moe else 0,
-        w.stride(-2), out.stride(0) if split > 1 else 0, out.stride(-2), QTYPE=qtype, WARPS=t["num_warps"],
-        REPS=t["reps"], MOE=moe, ROUTE_WEIGHTED=route_w is not None, num_warps=t["num_warps"])
+        x, w, out, route_w if route_w is not None else out, sorted_ids if sorted_ids is not None else out,
+        expert_ids if expert_ids is not None else out, num_padded if num_padded is not None else out,
+        final if final is not None else out, counter, num_valid, n, units, sb_per_split, num_sb, split, a_row_div,
+        top_k, x.stride(0), w.stride(0) if moe else 0, w.stride(-2), out.stride(0) if out.dim() == 3 else 0,
+        out.stride(-2), final.stride(0) if final is not None else 0, QTYPE=qtype, WARPS=t["num_warps"],
+        REPS=t["reps"], MOE=moe, ROUTE_WEIGHTED=route_w is not None and routing != TOKEN_SUM.value,
+        ROUTING=routing, EPILOGUE=epilogue, TOPK=max(2, 1 << (top_k - 1).bit_length()), num_warps=t["num_warps"])
 
 
 def linear(x, qweight, qtype: int, n: int, num_sms: int, tuning: dict | None = None):
     """x [M, K] @ W[:n].T for a weight of one of MMA_TYPES [>= n, row bytes]: M rows in blocks of 8, K split to
-    fill the GPU."""
+    fill the GPU, the split sums added by the last program of each tile (one launch)."""
     import torch
     m, k = x.shape
     num_blocks = -(-m // TOKENS)
-    split, per = splits(num_blocks * -(-n // block_rows(tuning)), k // SB_VALUES.value, num_sms, tuning)
+    tiles = num_blocks * -(-n // block_rows(tuning))
+    split, per = splits(tiles, k // SB_VALUES.value, num_sms, tuning)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    dst = out if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
-    launch(x, qweight, dst, qtype=qtype, n=n, num_valid=m, num_blocks=num_blocks, split=split, sb_per_split=per,
-           tuning=tuning)
-    if split > 1:
-        torch.sum(dst, 0, out=out) if out.dtype == torch.float32 else out.copy_(dst.sum(0))
+    if split == 1:
+        launch(x, qweight, out, qtype=qtype, n=n, num_valid=m, num_blocks=num_blocks, split=1, sb_per_split=per,
+               tuning=tuning)
+    else:
+        part = torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+        launch(x, qweight, part, qtype=qtype, n=n, num_valid=m, num_blocks=num_blocks, split=split,
+               sb_per_split=per, final=out, tuning=tuning)
     return out
 
 
 def kernel_configs() -> list[dict]:
     """Every variant the plans launch, for the offline compile test (bf16 activations)."""
     sig = {"x_ptr": "*bf16", "w_ptr": "*u8", "out_ptr": "*fp32", "route_w_ptr": "*fp32", "sorted_ids_ptr": "*i32",
-           "expert_ids_ptr": "*i32", "num_padded_ptr": "*i32", "num_valid": "i32", "N": "i32", "num_sb": "i32",
-           "sb_per_split": "i32", "a_row_div": "i32", "stride_xm": "i32", "stride_we": "i32", "stride_wn": "i32",
-           "stride_os": "i32", "stride_om": "i32"}
+           "expert_ids_ptr": "*i32", "num_padded_ptr": "*i32", "final_ptr": "*bf16", "counter_ptr": "*i32",
+           "num_valid": "i32", "N": "i32", "num_units": "i32", "units_per_split": "i32", "sb_per_expert": "i32",
+           "num_splits": "i32", "a_row_div": "i32", "top_k": "i32", "stride_xm": "i32", "stride_we": "i32",
+           "stride_wn": "i32", "stride_os": "i32", "stride_om": "i32", "stride_fm": "i32"}
+    # (name, MOE, ROUTE_WEIGHTED, ROUTING, EPILOGUE, out): what gguf_matmul's plans launch
+    variants = (("linear -> bf16", False, False, SORTED, STORE, "*bf16"),
+                ("linear split-K, reduced -> bf16", False, False, SORTED, REDUCE, "*fp32"),
+                ("moe -> fp32 planes", True, False, SORTED, STORE, "*fp32"),
+                ("moe weighted -> bf16", True, True, SORTED, STORE, "*bf16"),
+                ("moe w13, SiLU reduced", True, False, SORTED, REDUCE_SILU, "*fp32"),
+                ("moe pairs w13, SiLU reduced", True, False, PAIRS, REDUCE_SILU, "*fp32"),
+                ("moe top-k sum -> bf16", True, False, TOKEN_SUM, STORE, "*bf16"),
+                ("moe top-k sum split-K, reduced", True, False, TOKEN_SUM, REDUCE, "*fp32"))
     cfgs = []
     for qtype in MMA_TYPES:
-        for moe, weighted, out in ((False, False, "*fp32"), (False, False, "*bf16"), (True, False, "*fp32"),
-                                   (True, True, "*bf16")):
-            name = (f"mma {gguf.GGMLQuantizationType(qtype).name.lower()} {'moe' if moe else 'linear'}"
-                    f"{' weighted' if weighted else ''} -> {out[1:]}")
-            cfgs.append(dict(name=name, kernel=_mma_kernel, signature={**sig, "out_ptr": out},
+        for what, moe, weighted, routing, epilogue, out in variants:
+            cfgs.append(dict(name=f"mma {gguf.GGMLQuantizationType(qtype).name.lower()} {what}", kernel=_mma_kernel,
+                             signature={**sig, "out_ptr": out},
                              constexprs=dict(QTYPE=qtype, WARPS=MMA_TUNING["num_warps"], REPS=MMA_TUNING["reps"],
-                                             MOE=moe, ROUTE_WEIGHTED=weighted),
+                                             MOE=moe, ROUTE_WEIGHTED=weighted, ROUTING=routing.value,
+                                             EPILOGUE=epilogue.value, TOPK=8),
                              num_warps=MMA_TUNING["num_warps"], num_stages=1, gluon=True,
                              divisible_by_16=("x_ptr", "w_ptr", "out_ptr", "stride_xm", "stride_we", "stride_wn",
                                               "stride_om")))

@@ -37,6 +37,11 @@ else:
         DotOperandLayout = _gluon_language.DotOperandLayout
         DistributedLinearLayout = DistributedLinearLayout
         NVMMADistributedLayout = NVMMADistributedLayout
+        BlockedLayout = _gluon_language.BlockedLayout
+
+        @staticmethod
+        def thread_barrier():
+            return tl.debug_barrier()
 
         def __getattr__(self, name):
             return getattr(tl, name)

@@ -53,7 +53,9 @@ def test_moe_decode(types, dtype):
     w13 = torch.stack([ref.random_blocks(q13, 2 * inter, h, g) for _ in range(e)])
     w2 = torch.stack([ref.random_blocks(q2, h, inter, g) for _ in range(e)])
     d13, d2 = w13.cuda(), w2.cuda()
-    for t, hot in ((1, None), (5, None), (16, None), (20, 3)):   # 20 hot: 20 rows an expert, 3 blocks of 8
+    # 1-4 tokens: each routed pair on its own (4 hot: every expert read by 4 pairs), w2 summing each token's top-k
+    # slots; 5-20: the sorted blocks of 8 (20 hot: 20 rows an expert, 3 blocks of 8)
+    for t, hot in ((1, None), (3, None), (4, 3), (5, None), (16, None), (20, 3)):
         x = torch.randn(t, h, generator=g).to(dtype)
         if hot is None:
             ids = torch.stack([torch.randperm(e, generator=g)[:top_k] for _ in range(t)])
@@ -67,6 +69,7 @@ def test_moe_decode(types, dtype):
         want = ref.moe_reference(x, w13, w2, wts, ids, q13, q2)
         err = ((got.double().cpu() - want).norm() / want.norm()).item()
         assert err <= 8 * U[dtype], (types, dtype, t, hot, err)
+        assert not mma.counters(d13.device).any()   # every arrival counter left at zero
 
 
 def test_cuda_graph_capture_and_replay(monkeypatch):
@@ -85,11 +88,13 @@ def test_cuda_graph_capture_and_replay(monkeypatch):
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         gm.gguf_moe(xs, d13, d2, wts, idss, gm.Q4_K, gm.Q4_K)
+        gm.gguf_moe(xs[:2], d13, d2, wts[:2], idss[:2], gm.Q4_K, gm.Q4_K)
         gm.gguf_linear(xs, dl, gm.Q4_K)
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph):   # 6 tokens: sorted blocks; 2: routed pairs (its own counters' stream)
         out_moe = gm.gguf_moe(xs, d13, d2, wts, idss, gm.Q4_K, gm.Q4_K)
+        out_two = gm.gguf_moe(xs[:2], d13, d2, wts[:2], idss[:2], gm.Q4_K, gm.Q4_K)
         out_lin = gm.gguf_linear(xs, dl, gm.Q4_K)
     for seed in (1, 2):
         g2 = torch.Generator().manual_seed(100 + seed)
@@ -101,6 +106,8 @@ def test_cuda_graph_capture_and_replay(monkeypatch):
         torch.cuda.synchronize()
         want = ref.moe_reference(x2, w13, w2, wts.cpu(), ids2, gm.Q4_K, gm.Q4_K)
         assert ((out_moe.double().cpu() - want).norm() / want.norm()).item() <= 8 * U[torch.bfloat16]
+        want2 = ref.moe_reference(x2[:2], w13, w2, wts[:2].cpu(), ids2[:2], gm.Q4_K, gm.Q4_K)
+        assert ((out_two.double().cpu() - want2).norm() / want2.norm()).item() <= 8 * U[torch.bfloat16]
         want_l = x2.double() @ ref.dequantize(wl, gm.Q4_K, h).T
         assert ((out_lin.double().cpu() - want_l).norm() / want_l.norm()).item() <= 4 * U[torch.bfloat16]
 

@@ -1,7 +1,7 @@
 """Every GGUF matmul kernel variant the plans launch compiles offline (no GPU) for the shim's targets within the
 101376-byte shared-memory budget of sm_120/121 (also below sm_80/86/89's limits), and uses tensor-core MMAs; the
-register-MMA (Gluon) kernels use no shared memory and spill nothing, and their layout conversions are trivial
-(``assert_trivial``: a conversion that moved data would not compile).
+register-MMA (Gluon) kernels use no shared memory but a word and spill nothing, and their layout conversions are
+trivial (``assert_trivial``: a conversion that moved data would not compile).
 
 Compilation runs in a subprocess without TRITON_INTERPRET (this process interprets kernels)."""
 import json
@@ -61,7 +61,8 @@ def test_gguf_matmul_configs_compile(cc, repo_root):
     assert not too_big, json.dumps(too_big, indent=1)
     no_mma = [r["name"] for r in recs if not r["mma"] and not r["name"].startswith(("dequant", "silu_mul"))]
     assert not no_mma, no_mma
-    # the register-MMA kernels exist to keep decoded weights out of shared memory, and must not spill
+    # the register-MMA kernels exist to keep decoded weights out of shared memory (the reducing epilogues use a
+    # word of it to hand the arrival count to every thread), and must not spill
     gluon = [r for r in recs if r["gluon"]]
-    assert gluon and all(r["shared"] == 0 and r["local"] == 0 for r in gluon), json.dumps(gluon, indent=1)
+    assert gluon and all(r["shared"] <= 16 and r["local"] == 0 for r in gluon), json.dumps(gluon, indent=1)
     print(f"\nsm_{cc}: " + ", ".join(f"{r['name']}={r['shared']}" for r in recs))

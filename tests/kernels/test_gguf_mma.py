@@ -110,6 +110,36 @@ def test_moe_decode(types):
         assert rel <= 4e-3, (types, t, hot, rel)
 
 
+@pytest.mark.parametrize("direct", [True, False])
+def test_moe_decode_in_two_launches(monkeypatch, direct):
+    """Both passes on the register-MMA kernels take two launches (and, sorted, the routing's and the top-k sum):
+    w13's last program of each gate/up tile pair writes SiLU(gate) * up; direct, w2 sums each token's top-k slots,
+    here split inside a slot's super-blocks (inter 512: 2 a slot, 6 units in 2 splits of 3) and an expert shared by
+    two tokens' pairs.  The arrival counters are all back at zero after each call."""
+    monkeypatch.setattr(gm, "CPU_NUM_SMS", 6)
+    g = torch.Generator().manual_seed(41 + direct)
+    e, h, inter, top_k, t = 6, 512, 512, 3, 3
+    w13 = torch.stack([ref.random_blocks(gm.Q4_K, 2 * inter, h, g) for _ in range(e)])
+    w2 = torch.stack([ref.random_blocks(gm.Q6_K, h, inter, g) for _ in range(e)])
+    x = (torch.randn(t, h, generator=g) * 0.5).half()
+    ids = torch.tensor([[0, 1, 2], [2, 3, 0], [5, 4, 1]], dtype=torch.int32)
+    wts = torch.rand(t, top_k, generator=g)
+    launched = []
+    real = mma.launch
+    monkeypatch.setattr(mma, "launch", lambda *a, **kw: (launched.append((kw.get("routing", 0), kw["split"])),
+                                                          real(*a, **kw))[1])
+    got = gm.gguf_moe(x, w13, w2, wts, ids, gm.Q4_K, gm.Q6_K,
+                      plan={**gm.moe_plan(t, top_k, e), "mma": True, "direct": direct})
+    want = ref.moe_reference(x, w13, w2, wts, ids, gm.Q4_K, gm.Q6_K)
+    rel = ((got.double() - want).norm() / want.norm()).item()
+    assert rel <= 4e-3, (direct, rel)
+    if direct:
+        assert launched == [(mma.PAIRS.value, 1), (mma.TOKEN_SUM.value, 2)]
+    else:
+        assert [r for r, _ in launched] == [mma.SORTED.value] * 2
+    assert not mma.counters(x.device).any()
+
+
 def test_covers_its_types_in_16_bit_activations_on_aligned_rows():
     assert mma.covers(mma.Q4_K, 6144, torch.bfloat16) and mma.covers(mma.Q6_K, 256, torch.float16)
     assert not mma.covers(mma.Q4_K, 6144, torch.float32)
