@@ -61,7 +61,7 @@ import triton.language as tl
 
 from glm5_shim import settings
 from glm5_shim.gguf.kernel_coverage import K_MULTIPLE, MMA_LINEAR_TYPES, SHIM_KERNEL_TYPES
-from glm5_shim.kernels import gguf_mma
+from glm5_shim.kernels import arrivals, gguf_mma
 from glm5_shim.kernels.device import cuda_capability_and_sms
 
 Q8_0 = int(gguf.GGMLQuantizationType.Q8_0)
@@ -660,10 +660,12 @@ def _q45_step(acc, xp, m_ok, wp, i, QTYPE: tl.constexpr, BF16: tl.constexpr, F32
 
 
 @triton.jit
-def _linear_kernel(x_ptr, w_ptr, grid_ptr, out_ptr, M, N, stride_xm, stride_wn, stride_os, stride_om, steps_per_split,
-                   num_steps, QTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr):
-    """out[s, m, n] = sum over the K steps of split s of x[m, k] * W[n, k]  (one split: out is x @ W.T)."""
+def _linear_kernel(x_ptr, w_ptr, grid_ptr, out_ptr, final_ptr, counter_ptr, M, N, stride_xm, stride_wn, stride_os,
+                   stride_om, stride_fm, steps_per_split, num_steps, QTYPE: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, REDUCE: tl.constexpr):
+    """out[s, m, n] = sum over the K steps of split s of x[m, k] * W[n, k]  (one split: out is x @ W.T).  REDUCE:
+    out holds float32 planes, and the last program of each tile to finish (kernels/arrivals.py) writes their sum
+    to final."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -690,7 +692,19 @@ def _linear_kernel(x_ptr, w_ptr, grid_ptr, out_ptr, M, N, stride_xm, stride_wn, 
             acc = tl.dot(a, tl.trans(w), acc, input_precision=DOT_PRECISION)
             raw = nxt
     op = out_ptr + pid_s * stride_os + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
-    tl.store(op, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & (offs_n < N)[None, :])
+    mask = m_ok[:, None] & (offs_n < N)[None, :]
+    tl.store(op, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    if REDUCE:
+        splits = tl.num_programs(2)
+        tile = pid_m * tl.num_programs(1) + pid_n
+        tl.debug_barrier()   # every thread's plane stores before the release
+        if tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu") == splits - 1:
+            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for sp in range(splits):
+                total += tl.load(op + (sp - pid_s) * stride_os, mask=mask, other=0.0, cache_modifier=".cg")
+            fp = final_ptr + offs_m.to(tl.int64)[:, None] * stride_fm + offs_n[None, :]
+            tl.store(fp, total.to(final_ptr.dtype.element_ty), mask=mask)
+            tl.atomic_xchg(counter_ptr + tile, 0, sem="relaxed", scope="gpu")   # ready for the next launch
 
 
 @triton.jit
@@ -722,9 +736,10 @@ def _dequant_kernel(w_ptr, grid_ptr, out_ptr, N, stride_wn, stride_on, QTYPE: tl
 
 @triton.jit
 def _moe_kernel(x_ptr, w_ptr, grid_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
-                N, num_steps, steps_per_split, num_valid, a_row_div, stride_xm, stride_we, stride_wn, stride_os,
-                stride_om, QTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GATED: tl.constexpr,
-                ROUTE_WEIGHTED: tl.constexpr, DOT_PRECISION: tl.constexpr, PROBE: tl.constexpr = 0):
+                final_ptr, counter_ptr, N, num_steps, steps_per_split, num_valid, a_row_div, stride_xm, stride_we,
+                stride_wn, stride_os, stride_om, stride_fm, QTYPE: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, GATED: tl.constexpr, ROUTE_WEIGHTED: tl.constexpr,
+                DOT_PRECISION: tl.constexpr, REDUCE: tl.constexpr = False, PROBE: tl.constexpr = 0):
     """One (block of BLOCK_M routed rows of one expert) x (BLOCK_N output features) x (K split) tile.
 
     PROBE (bench/gguf_matmul.py --parts probe only; 0 in serving, where it compiles to the same SASS): Q4_K codes
@@ -733,8 +748,10 @@ def _moe_kernel(x_ptr, w_ptr, grid_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, ex
     memory for either probe against 18.5 KiB served), so read the differences as estimates.
 
     GATED (w13, unsplit): weight rows n and N + n are gate and up; stores SiLU(gate) * up.  Otherwise stores the
-    product (times the row's routing weight when ROUTE_WEIGHTED) to split plane program_id(1) of out.  Row r of
-    the sorted layout reads activation row r // a_row_div (top_k for w13: every routed copy of a token reads the
+    product (times the row's routing weight when ROUTE_WEIGHTED) to split plane program_id(1) of out; REDUCE (w13
+    split over K, float32 planes of N = gate and up rows): the last of the programs of a gate tile and its up tile
+    N / 2 on to finish (kernels/arrivals.py) writes SiLU of the planes' gate sum times their up sum to final.  Row r
+    of the sorted layout reads activation row r // a_row_div (top_k for w13: every routed copy of a token reads the
     token) and writes output row r."""
     pid = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -786,6 +803,22 @@ def _moe_kernel(x_ptr, w_ptr, grid_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, ex
         acc = acc * tl.load(route_w_ptr + ids, mask=ok, other=0.0).to(tl.float32)[:, None]
     op = out_ptr + pid_s * stride_os + ids[:, None] * stride_om + offs_n[None, :]
     tl.store(op, acc.to(out_ptr.dtype.element_ty), mask=ok[:, None] & (offs_n < N)[None, :])
+    if REDUCE:   # the planes are written: count this program in; the last of the gate/up tile pair gates the sums
+        half_n = num_n // 2
+        tile = pid_m * half_n + pid_n % half_n
+        tl.debug_barrier()   # every thread's plane stores before the release
+        if tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu") == 2 * tl.num_programs(1) - 1:
+            f = (pid_n % half_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+            half_mask = ok[:, None] & (f < N // 2)[None, :]
+            gp = out_ptr + ids[:, None] * stride_om + f[None, :]
+            g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for sp in range(tl.num_programs(1)):
+                g += tl.load(gp + sp * stride_os, mask=half_mask, other=0.0, cache_modifier=".cg")
+                u += tl.load(gp + sp * stride_os + N // 2, mask=half_mask, other=0.0, cache_modifier=".cg")
+            tl.store(final_ptr + ids[:, None] * stride_fm + f[None, :],
+                     (g / (1.0 + tl.exp(-g)) * u).to(final_ptr.dtype.element_ty), mask=half_mask)
+            tl.atomic_xchg(counter_ptr + tile, 0, sem="relaxed", scope="gpu")   # ready for the next launch
 
 
 @triton.jit
@@ -957,13 +990,14 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int, n: int | Non
     split = plan["split"]
     dst = out if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(m, plan["BLOCK_M"]), triton.cdiv(n, plan["BLOCK_N"]), split)
-    _linear_kernel[grid](x, qweight, _grid_arg(qtype, qweight), dst, m, n, x.stride(0), qweight.stride(0),
-                         dst.stride(0) if split > 1 else 0, dst.stride(-2), plan["steps_per_split"], k // STEP_K,
-                         QTYPE=qtype,
-                         BLOCK_M=plan["BLOCK_M"], BLOCK_N=plan["BLOCK_N"], DOT_PRECISION=_dot_precision(x.dtype),
-                         num_warps=plan["num_warps"], num_stages=plan["num_stages"])
     if split > 1:
-        out.copy_(dst.sum(0))
+        arrivals.check_tiles(grid[0] * grid[1])
+    _linear_kernel[grid](x, qweight, _grid_arg(qtype, qweight), dst, out,
+                         arrivals.counters(x.device) if split > 1 else out, m, n, x.stride(0), qweight.stride(0),
+                         dst.stride(0) if split > 1 else 0, dst.stride(-2), out.stride(0), plan["steps_per_split"],
+                         k // STEP_K, QTYPE=qtype, BLOCK_M=plan["BLOCK_M"], BLOCK_N=plan["BLOCK_N"],
+                         DOT_PRECISION=_dot_precision(x.dtype), REDUCE=split > 1, num_warps=plan["num_warps"],
+                         num_stages=plan["num_stages"])
     return out
 
 
@@ -1039,144 +1073,105 @@ def gguf_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights:
     out = torch.empty_like(x)
     if t == 0:
         return out
-    num_sms = _num_sms(x.device)
+    x = x if x.stride(-1) == 1 else x.contiguous()
     plan = plan or moe_plan(t, top_k, e)
     if not plan["fused_gate"]:
-        mma13 = mma_decode(qtype13, h, x.dtype, plan.get("mma"), w13)
-        mma2 = mma_decode(qtype2, inter, x.dtype, plan.get("mma"), w2)
-        if mma13 or mma2:
-            return _moe_decode_mma(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, mma13, mma2, plan,
-                                   align or moe_align, num_sms)
+        return _moe_decode(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan, align or moe_align, out)
     bm = plan["BLOCK_M"]
     sorted_ids, expert_ids, num_padded = (align or moe_align)(topk_ids, bm, e)
-    x = x if x.stride(-1) == 1 else x.contiguous()
     pairs = t * top_k
-    prec = _dot_precision(x.dtype)
-    m_blocks = expert_ids.numel()
-    common = dict(QTYPE=qtype13, BLOCK_M=bm, DOT_PRECISION=prec, PROBE=plan.get("probe", 0),
-                  num_warps=plan["num_warps"], num_stages=plan["num_stages"])
-    steps = h // STEP_K
-    if plan["fused_gate"]:
-        act = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
-        bn = plan["BLOCK_N"]
-        _moe_kernel[(m_blocks * triton.cdiv(inter, bn), 1)](
-            x, w13, _grid_arg(qtype13, w13), act, topk_weights, sorted_ids, expert_ids, num_padded, inter,
-            steps, steps, pairs, top_k,
-            x.stride(0), w13.stride(0), w13.stride(1), 0, act.stride(0), BLOCK_N=bn, GATED=True,
-            ROUTE_WEIGHTED=False, **common)
-    else:
-        bn = plan["BLOCK_N"]
-        # blocks that hold rows: at most one partly filled block per routed row or per expert
-        busy_blocks = min(pairs, e)
-        split, per_split = _split(busy_blocks * triton.cdiv(two_i, bn), steps, num_sms, plan["ctas_per_sm"])
-        part = torch.empty(split, pairs, two_i, dtype=torch.float32, device=x.device)
-        _moe_kernel[(m_blocks * triton.cdiv(two_i, bn), split)](
-            x, w13, _grid_arg(qtype13, w13), part, topk_weights, sorted_ids, expert_ids, num_padded, two_i,
-            steps, per_split, pairs, top_k,
-            x.stride(0), w13.stride(0), w13.stride(1), part.stride(0), part.stride(1), BLOCK_N=bn, GATED=False,
-            ROUTE_WEIGHTED=False, **common)
-        act = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
-        _silu_mul_splits_kernel[(pairs, triton.cdiv(inter, SILU_BLOCK))](
-            part, act, split, inter, part.stride(0), part.stride(1), act.stride(0), BLOCK=SILU_BLOCK, num_warps=4)
+    act = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
+    _tile_pass(x, w13, qtype13, act, (sorted_ids, expert_ids, num_padded), plan, n=inter, split=1,
+               per_split=h // STEP_K, num_valid=pairs, a_row_div=top_k, gated=True)
     down = torch.empty(pairs, h, dtype=x.dtype, device=x.device)  # rounded once before the top-k sum
-    bn = plan["BLOCK_N_W2"]
-    common["QTYPE"] = qtype2
-    _moe_kernel[(m_blocks * triton.cdiv(h, bn), 1)](
-        act, w2, _grid_arg(qtype2, w2), down, topk_weights.reshape(-1), sorted_ids, expert_ids, num_padded, h,
-        inter // STEP_K,
-        inter // STEP_K, pairs, 1, act.stride(0), w2.stride(0), w2.stride(1), 0, down.stride(0), BLOCK_N=bn,
-        GATED=False, ROUTE_WEIGHTED=True, **common)
+    _tile_pass(act, w2, qtype2, down, (sorted_ids, expert_ids, num_padded), plan, n=h, split=1,
+               per_split=inter // STEP_K, num_valid=pairs, route_w=topk_weights.reshape(-1), bn=plan["BLOCK_N_W2"])
     return torch.sum(down.view(t, top_k, h), dim=1, out=out)
 
 
-def _moe_decode_mma(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, mma13: bool, mma2: bool, plan: dict,
-                    align, num_sms: int) -> torch.Tensor:
-    """The decode MoE with one or both passes on the register-MMA kernels (routing in blocks of 8 rows for them,
-    of plan["BLOCK_M"] for a pass left on the tile kernel): w13 split over K into float32 planes, SiLU(gate) * up
-    of their sum, w2 scaled by the routing weights, the top-k sum."""
+def _tile_pass(a, w, qtype: int, out, route, plan: dict, *, n: int, split: int, per_split: int, num_valid: int,
+               a_row_div: int = 1, gated: bool = False, route_w=None, final=None, bn: int | None = None) -> None:
+    """One launch of the tile MoE kernel over moe_align's blocks of plan["BLOCK_M"] rows: gated (w13 unsplit, n =
+    I: out = the activations), a product (out rows, times route_w when given) or, with final, w13 split over K
+    (float32 planes out [split, rows, n = 2 I], gated by the last program of each gate/up tile pair into final)."""
+    sorted_ids, expert_ids, num_padded = route
+    bn = bn or plan["BLOCK_N"]
+    grid = (expert_ids.numel() * triton.cdiv(n, bn), split)
+    if final is not None:
+        arrivals.check_tiles(grid[0] // 2)
+    _moe_kernel[grid](
+        a, w, _grid_arg(qtype, w), out, route_w if route_w is not None else a, sorted_ids, expert_ids, num_padded,
+        final if final is not None else out, arrivals.counters(a.device) if final is not None else out, n,
+        a.shape[1] // STEP_K, per_split, num_valid, a_row_div, a.stride(0), w.stride(0), w.stride(1),
+        out.stride(0) if out.dim() == 3 else 0, out.stride(-2), final.stride(0) if final is not None else 0,
+        QTYPE=qtype, BLOCK_M=plan["BLOCK_M"], BLOCK_N=bn, GATED=gated, ROUTE_WEIGHTED=route_w is not None,
+        DOT_PRECISION=_dot_precision(a.dtype), REDUCE=final is not None, PROBE=plan.get("probe", 0),
+        num_warps=plan["num_warps"], num_stages=plan["num_stages"])
+
+
+def _moe_decode(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan: dict, align, out) -> torch.Tensor:
+    """The decode MoE (experts see a few rows each), each pass on the register-MMA kernel where it covers the
+    weight (mma_decode), else on the tile kernel:
+
+    * w13 split over K, the last program of each tile writing SiLU(gate) * up of the split sums (one launch;
+      plan["fused_epilogues"] = False: session 6's float32 planes and a SiLU launch, for the bench);
+    * w2 times the routing weights, then the top-k sum.
+    Up to MOE_DIRECT_MAX_TOKENS tokens (or plan["direct"]) the register-MMA passes skip the routing layout: w13
+    takes one routed pair a block and w2 one token a block, summing its top-k slots itself (the call is then two
+    launches).  Otherwise routed rows come in moe_align's blocks: of 8 for the register-MMA kernel, of
+    plan["BLOCK_M"] for the tile kernel."""
     t, h = x.shape
     e, two_i, _ = w13.shape
     inter = two_i // 2
     top_k = topk_ids.shape[1]
     pairs = t * top_k
-    x = x if x.stride(-1) == 1 else x.contiguous()
-    tuning = plan.get("mma_tuning")
-    if mma13 and mma2 and inter % gguf_mma.block_rows(tuning) == 0 and plan.get("fused_epilogues", True):
-        return _moe_decode_mma_fused(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan, align, num_sms)
-    route8 = align(topk_ids, gguf_mma.TOKENS, e)
-    route_tile = align(topk_ids, plan["BLOCK_M"], e) if not (mma13 and mma2) else None
-    busy_blocks = min(pairs, e)
-    if mma13:
-        split, per = gguf_mma.splits(busy_blocks * -(-two_i // gguf_mma.block_rows(tuning)), h // 256, num_sms,
-                                     tuning)
-        part = torch.empty(split, pairs, two_i, dtype=torch.float32, device=x.device)
-        gguf_mma.launch(x, w13, part, qtype=qtype13, n=two_i, num_valid=pairs, num_blocks=route8[1].numel(),
-                        split=split, sb_per_split=per, a_row_div=top_k, route=(*route8, None), tuning=tuning)
-    else:
-        sorted_ids, expert_ids, num_padded = route_tile
-        bn = plan["BLOCK_N"]
-        steps = h // STEP_K
-        split, per_split = _split(busy_blocks * triton.cdiv(two_i, bn), steps, num_sms, plan["ctas_per_sm"])
-        part = torch.empty(split, pairs, two_i, dtype=torch.float32, device=x.device)
-        _moe_kernel[(expert_ids.numel() * triton.cdiv(two_i, bn), split)](
-            x, w13, _grid_arg(qtype13, w13), part, topk_weights, sorted_ids, expert_ids, num_padded, two_i,
-            steps, per_split, pairs, top_k,
-            x.stride(0), w13.stride(0), w13.stride(1), part.stride(0), part.stride(1), QTYPE=qtype13,
-            BLOCK_M=plan["BLOCK_M"], BLOCK_N=bn, GATED=False, ROUTE_WEIGHTED=False,
-            DOT_PRECISION=_dot_precision(x.dtype), num_warps=plan["num_warps"], num_stages=plan["num_stages"])
-    act = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
-    _silu_mul_splits_kernel[(pairs, triton.cdiv(inter, SILU_BLOCK))](
-        part, act, part.shape[0], inter, part.stride(0), part.stride(1), act.stride(0), BLOCK=SILU_BLOCK,
-        num_warps=4)
-    down = torch.empty(pairs, h, dtype=x.dtype, device=x.device)  # rounded once before the top-k sum
-    route_w = topk_weights.reshape(-1)
-    if mma2:
-        gguf_mma.launch(act, w2, down, qtype=qtype2, n=h, num_valid=pairs, num_blocks=route8[1].numel(), split=1,
-                        sb_per_split=inter // 256, route=(*route8, route_w), tuning=tuning)
-    else:
-        sorted_ids, expert_ids, num_padded = route_tile
-        bn = plan["BLOCK_N_W2"]
-        _moe_kernel[(expert_ids.numel() * triton.cdiv(h, bn), 1)](
-            act, w2, _grid_arg(qtype2, w2), down, route_w, sorted_ids, expert_ids, num_padded, h,
-            inter // STEP_K, inter // STEP_K, pairs,
-            1, act.stride(0), w2.stride(0), w2.stride(1), 0, down.stride(0), QTYPE=qtype2, BLOCK_M=plan["BLOCK_M"],
-            BLOCK_N=bn, GATED=False, ROUTE_WEIGHTED=True, DOT_PRECISION=_dot_precision(x.dtype),
-            num_warps=plan["num_warps"], num_stages=plan["num_stages"])
-    return torch.sum(down.view(t, top_k, h), dim=1, out=torch.empty_like(x))
-
-
-def _moe_decode_mma_fused(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan: dict, align,
-                          num_sms: int) -> torch.Tensor:
-    """The decode MoE with both passes on the register-MMA kernels in two launches (plus the routing's): w13 split
-    over K whose last program of each gate/up tile pair writes SiLU(gate) * up; then w2.  Up to
-    MOE_DIRECT_MAX_TOKENS tokens (or plan["direct"]) no routing layout is built: w13 takes one routed pair a block,
-    and w2 one token a block, summing its top-k slots with their weights (split over the slots' super-blocks, the
-    last program adding the splits).  Above, w13 and w2 take moe_align's blocks of 8 and a top-k sum follows."""
-    t, h = x.shape
-    e, two_i, _ = w13.shape
-    inter = two_i // 2
-    top_k = topk_ids.shape[1]
-    pairs = t * top_k
+    num_sms = _num_sms(x.device)
+    mma13 = mma_decode(qtype13, h, x.dtype, plan.get("mma"), w13)
+    mma2 = mma_decode(qtype2, inter, x.dtype, plan.get("mma"), w2)
     tuning = plan.get("mma_tuning")
     bn = gguf_mma.block_rows(tuning)
-    direct = plan.get("direct", t <= MOE_DIRECT_MAX_TOKENS)
+    fused = plan.get("fused_epilogues", True)
+    direct = fused and plan.get("direct", t <= MOE_DIRECT_MAX_TOKENS)
+    routes: dict[int, tuple] = {}
+
+    def sorted_route(block_m: int) -> tuple:
+        if block_m not in routes:
+            routes[block_m] = align(topk_ids, block_m, e)
+        return routes[block_m]
+
     ids_flat = topk_ids.reshape(-1)
     ids_flat = ids_flat if ids_flat.dtype == torch.int32 else ids_flat.to(torch.int32)
     route_w = topk_weights.reshape(-1)
-    if direct:
-        blocks13, route13, routing13, busy = pairs, (None, ids_flat, None, None), gguf_mma.PAIRS.value, pairs
-    else:
-        sorted_ids, expert_ids, num_padded = align(topk_ids, gguf_mma.TOKENS, e)
-        blocks13, route13, routing13 = expert_ids.numel(), (sorted_ids, expert_ids, num_padded, None), 0
-        busy = min(pairs, e)   # blocks that hold rows: at most one partly filled block per routed row or expert
-    split, per = gguf_mma.splits(busy * (two_i // bn), h // 256, num_sms, tuning)
-    part = torch.empty(split, pairs, two_i, dtype=torch.float32, device=x.device)
+    # blocks that hold rows: one a routed pair (direct), or at most one partly filled block per pair or expert
+    busy = pairs if direct else min(pairs, e)
     act = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
-    gguf_mma.launch(x, w13, part, qtype=qtype13, n=two_i, num_valid=pairs, num_blocks=blocks13, split=split,
-                    sb_per_split=per, a_row_div=top_k, route=route13, routing=routing13, final=act, gated=True,
-                    tuning=tuning)
-    out = torch.empty_like(x)
-    if direct:
+    if mma13:
+        split, per = gguf_mma.splits(busy * -(-two_i // bn), h // 256, num_sms, tuning)
+        if direct:
+            route, blocks, routing = (None, ids_flat, None, None), pairs, gguf_mma.PAIRS.value
+        else:
+            route, blocks, routing = (*sorted_route(gguf_mma.TOKENS), None), None, gguf_mma.SORTED.value
+            blocks = route[1].numel()
+        part = torch.empty(split, pairs, two_i, dtype=torch.float32, device=x.device)
+        gated = fused and inter % bn == 0
+        gguf_mma.launch(x, w13, part, qtype=qtype13, n=two_i, num_valid=pairs, num_blocks=blocks, split=split,
+                        sb_per_split=per, a_row_div=top_k, route=route, routing=routing,
+                        final=act if gated else None, gated=gated, tuning=tuning)
+        if not gated:
+            _silu_mul_splits_kernel[(pairs, triton.cdiv(inter, SILU_BLOCK))](
+                part, act, split, inter, part.stride(0), part.stride(1), act.stride(0), BLOCK=SILU_BLOCK,
+                num_warps=4)
+    else:
+        split, per = _split(busy * triton.cdiv(two_i, plan["BLOCK_N"]), h // STEP_K, num_sms, plan["ctas_per_sm"])
+        part = torch.empty(split, pairs, two_i, dtype=torch.float32, device=x.device)
+        gated = fused and inter % plan["BLOCK_N"] == 0
+        _tile_pass(x, w13, qtype13, part, sorted_route(plan["BLOCK_M"]), plan, n=two_i, split=split, per_split=per,
+                   num_valid=pairs, a_row_div=top_k, final=act if gated else None)
+        if not gated:
+            _silu_mul_splits_kernel[(pairs, triton.cdiv(inter, SILU_BLOCK))](
+                part, act, split, inter, part.stride(0), part.stride(1), act.stride(0), BLOCK=SILU_BLOCK,
+                num_warps=4)
+    if mma2 and direct:
         units = top_k * (inter // 256)
         split, per = gguf_mma.splits(t * -(-h // bn), units, num_sms, tuning)
         dst = out if split == 1 else torch.empty(split, t, h, dtype=torch.float32, device=x.device)
@@ -1185,8 +1180,13 @@ def _moe_decode_mma_fused(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, p
                         final=None if split == 1 else out, tuning=tuning)
         return out
     down = torch.empty(pairs, h, dtype=x.dtype, device=x.device)  # rounded once before the top-k sum
-    gguf_mma.launch(act, w2, down, qtype=qtype2, n=h, num_valid=pairs, num_blocks=blocks13, split=1,
-                    sb_per_split=inter // 256, route=(sorted_ids, expert_ids, num_padded, route_w), tuning=tuning)
+    if mma2:
+        route = sorted_route(gguf_mma.TOKENS)
+        gguf_mma.launch(act, w2, down, qtype=qtype2, n=h, num_valid=pairs, num_blocks=route[1].numel(), split=1,
+                        sb_per_split=inter // 256, route=(*route, route_w), tuning=tuning)
+    else:
+        _tile_pass(act, w2, qtype2, down, sorted_route(plan["BLOCK_M"]), plan, n=h, split=1,
+                   per_split=inter // STEP_K, num_valid=pairs, route_w=route_w, bn=plan["BLOCK_N_W2"])
     return torch.sum(down.view(t, top_k, h), dim=1, out=out)
 
 
@@ -1194,19 +1194,19 @@ def _moe_decode_mma_fused(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, p
 # every compiled variant (for the offline compile test: tests/kernels/test_compile_targets_gguf_matmul.py)
 # ----------------------------------------------------------------------------------------------------------------
 
-_LINEAR_SIG = {"x_ptr": "*bf16", "w_ptr": "*u8", "grid_ptr": "*u8", "out_ptr": "*bf16", "M": "i32", "N": "i32",
-               "stride_xm": "i32",
-               "stride_wn": "i32", "stride_os": "i32", "stride_om": "i32", "steps_per_split": "i32",
+_LINEAR_SIG = {"x_ptr": "*bf16", "w_ptr": "*u8", "grid_ptr": "*u8", "out_ptr": "*bf16", "final_ptr": "*bf16",
+               "counter_ptr": "*i32", "M": "i32", "N": "i32", "stride_xm": "i32", "stride_wn": "i32",
+               "stride_os": "i32", "stride_om": "i32", "stride_fm": "i32", "steps_per_split": "i32",
                "num_steps": "i32"}
 _SILU_SIG = {"part_ptr": "*fp32", "act_ptr": "*bf16", "splits": "i32", "inter": "i32", "stride_ps": "i32",
              "stride_pr": "i32", "stride_ar": "i32"}
 _DEQUANT_SIG = {"w_ptr": "*u8", "grid_ptr": "*u8", "out_ptr": "*bf16", "N": "i32", "stride_wn": "i32",
                 "stride_on": "i32"}
 _MOE_SIG = {"x_ptr": "*bf16", "w_ptr": "*u8", "grid_ptr": "*u8", "out_ptr": "*bf16", "route_w_ptr": "*fp32",
-            "sorted_ids_ptr": "*i32",
-            "expert_ids_ptr": "*i32", "num_padded_ptr": "*i32", "N": "i32", "num_steps": "i32",
-            "steps_per_split": "i32", "num_valid": "i32", "a_row_div": "i32", "stride_xm": "i32",
-            "stride_we": "i32", "stride_wn": "i32", "stride_os": "i32", "stride_om": "i32"}
+            "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32", "num_padded_ptr": "*i32", "final_ptr": "*bf16",
+            "counter_ptr": "*i32", "N": "i32", "num_steps": "i32", "steps_per_split": "i32", "num_valid": "i32",
+            "a_row_div": "i32", "stride_xm": "i32", "stride_we": "i32", "stride_wn": "i32", "stride_os": "i32",
+            "stride_om": "i32", "stride_fm": "i32"}
 
 
 def kernel_configs() -> list[dict]:
@@ -1214,22 +1214,32 @@ def kernel_configs() -> list[dict]:
     signature, constexprs, num_warps, num_stages, divisible_by_16 (argument names the runtime specialises)."""
     cfgs = []
     for qt in SUPPORTED_TYPES:
-        for bm, t in ((16, DECODE_TUNING), (64, DECODE_TUNING), (PREFILL_TUNING["BLOCK_M"], PREFILL_TUNING)):
-            cfgs.append(dict(name=f"linear q{qt} m{bm}", kernel=_linear_kernel, signature=_LINEAR_SIG,
-                             constexprs=dict(QTYPE=qt, BLOCK_M=bm, BLOCK_N=t["BLOCK_N"], DOT_PRECISION="tf32"),
+        for bm, t, reduce in ((16, DECODE_TUNING, False), (16, DECODE_TUNING, True), (64, DECODE_TUNING, False),
+                              (64, DECODE_TUNING, True), (PREFILL_TUNING["BLOCK_M"], PREFILL_TUNING, False)):
+            sig = {**_LINEAR_SIG, "out_ptr": "*fp32"} if reduce else _LINEAR_SIG
+            cfgs.append(dict(name=f"linear q{qt} m{bm}{' split-K reduced' if reduce else ''}", kernel=_linear_kernel,
+                             signature=sig, constexprs=dict(QTYPE=qt, BLOCK_M=bm, BLOCK_N=t["BLOCK_N"],
+                                                            DOT_PRECISION="tf32", REDUCE=reduce),
                              num_warps=t["num_warps"], num_stages=t["num_stages"],
                              divisible_by_16=("x_ptr", "w_ptr", "grid_ptr", "out_ptr", "stride_xm", "stride_om")))
         cfgs.append(dict(name=f"dequant q{qt}", kernel=_dequant_kernel, signature=_DEQUANT_SIG,
                          constexprs=dict(QTYPE=qt, BLOCK_N=32), num_warps=4, num_stages=3,
                          divisible_by_16=("w_ptr", "grid_ptr", "out_ptr", "stride_on")))
-        plans = [moe_plan(1, 8, 256), moe_plan(64, 8, 256), moe_plan(4096, 8, 256)]
-        for p in plans:
-            variants = [(p["BLOCK_N"], p["fused_gate"], False), (p["BLOCK_N_W2"], False, True)]
-            for bn, gated, weighted in variants:
-                cfgs.append(dict(name=f"moe q{qt} m{p['BLOCK_M']} n{bn}{' gated' if gated else ''}", kernel=_moe_kernel,
-                                 signature=_MOE_SIG, num_warps=p["num_warps"], num_stages=p["num_stages"],
+        for p in (moe_plan(1, 8, 256), moe_plan(4096, 8, 256)):   # decode (w13 split over K), prefill
+            decode = not p["fused_gate"]
+            # (BLOCK_N, GATED, ROUTE_WEIGHTED, REDUCE): w13 (decode: planes, gated by the reduction; also unreduced
+            # for the SiLU launch when I is not a multiple of BLOCK_N), w2
+            variants = ([(p["BLOCK_N"], False, False, True), (p["BLOCK_N"], False, False, False)] if decode
+                        else [(p["BLOCK_N"], True, False, False)]) + [(p["BLOCK_N_W2"], False, True, False)]
+            for bn, gated, weighted, reduce in variants:
+                planes = decode and not weighted
+                name = (f"moe q{qt} m{p['BLOCK_M']} n{bn}{' gated' if gated else ''}"
+                        f"{' split-K' if planes else ''}{' reduced' if reduce else ''}")
+                cfgs.append(dict(name=name, kernel=_moe_kernel,
+                                 signature={**_MOE_SIG, "out_ptr": "*fp32"} if planes else _MOE_SIG,
+                                 num_warps=p["num_warps"], num_stages=p["num_stages"],
                                  constexprs=dict(QTYPE=qt, BLOCK_M=p["BLOCK_M"], BLOCK_N=bn, GATED=gated,
-                                                 ROUTE_WEIGHTED=weighted, DOT_PRECISION="tf32"),
+                                                 ROUTE_WEIGHTED=weighted, DOT_PRECISION="tf32", REDUCE=reduce),
                                  divisible_by_16=("x_ptr", "w_ptr", "grid_ptr", "out_ptr", "stride_xm", "stride_om")))
     cfgs.append(dict(name="silu_mul splits", kernel=_silu_mul_splits_kernel, signature=_SILU_SIG,
                      constexprs=dict(BLOCK=SILU_BLOCK), num_warps=4, num_stages=3,

@@ -40,6 +40,7 @@ import triton.language as tl
 from triton.runtime.jit import constexpr_function
 
 from glm5_shim.gguf.kernel_coverage import MMA_DECODE_TYPES
+from glm5_shim.kernels import arrivals
 from glm5_shim.kernels.gluon_compat import INTERPRET_K, DistributedLinearLayout, NVMMADistributedLayout, gl, jit, mma_v2
 
 Q8_0 = int(gguf.GGMLQuantizationType.Q8_0)
@@ -545,12 +546,12 @@ def _mma_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_p
         gl.thread_barrier()
         if EPILOGUE == REDUCE:
             tile = pid
-            arrivals = num_splits
+            n_arrivals = num_splits
         else:
             half_n = num_n // 2
             tile = pid_m * half_n + pid_n % half_n
-            arrivals = 2 * num_splits
-        if gl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu") == arrivals - 1:
+            n_arrivals = 2 * num_splits
+        if gl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu") == n_arrivals - 1:
             out_col = gl.expand_dims(ids_c * stride_fm, 0)
             if EPILOGUE == REDUCE:
                 total = gl.zeros([BN, 8], gl.float32, layout=ACC)
@@ -610,23 +611,6 @@ def aligned(w, qtype: int) -> bool:
     return w.data_ptr() % a == 0 and all(st % a == 0 for st in w.stride()[:-1])
 
 
-COUNTER_SLOTS = 1 << 16   # tiles a reducing launch may count in (a decode call has a few thousand at most)
-_counters: dict = {}
-
-
-def counters(device):
-    """The zeroed int32 arrival counters of the reducing epilogues, one buffer per device and stream: a launch
-    leaves every counter it used at zero again, so launches that follow one another on a stream share them, in
-    CUDA graphs too (kernels on two streams could overlap: they get two buffers)."""
-    import torch
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (str(device), stream)
-    buf = _counters.get(key)
-    if buf is None:
-        buf = _counters[key] = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
-    return buf
-
-
 def launch(x, w, out, *, qtype: int, n: int, num_valid: int, num_blocks: int, split: int, sb_per_split: int,
            a_row_div: int = 1, route=None, routing: int = 0, final=None, gated: bool = False, top_k: int = 1,
            tuning: dict | None = None) -> None:
@@ -651,10 +635,8 @@ def launch(x, w, out, *, qtype: int, n: int, num_valid: int, num_blocks: int, sp
     if final is not None:
         if gated and n % (2 * bn):
             raise ValueError(f"a gated launch needs gate and up tiles of {bn} rows: N = {n}")
-        tiles = grid[0] // 2 if gated else grid[0]
-        if tiles > COUNTER_SLOTS:
-            raise ValueError(f"{tiles} tiles to count, {COUNTER_SLOTS} counters")
-        counter = counters(x.device)
+        arrivals.check_tiles(grid[0] // 2 if gated else grid[0])
+        counter = arrivals.counters(x.device)
     _mma_kernel[grid](
         x, w, out, route_w if route_w is not None else out, sorted_ids if sorted_ids is not None else out,
         expert_ids if expert_ids is not None else out, num_padded if num_padded is not None else out,

@@ -14,6 +14,7 @@ by u |out| (gguf_matmul_reference.mma_error_bound).  A wrong permutation or scal
 import pytest
 import torch
 
+from glm5_shim.kernels import arrivals
 from glm5_shim.kernels import gguf_matmul as gm
 from glm5_shim.kernels import gguf_matmul_reference as ref
 from glm5_shim.kernels import gguf_mma as mma
@@ -137,7 +138,7 @@ def test_moe_decode_in_two_launches(monkeypatch, direct):
         assert launched == [(mma.PAIRS.value, 1), (mma.TOKEN_SUM.value, 2)]
     else:
         assert [r for r, _ in launched] == [mma.SORTED.value] * 2
-    assert not mma.counters(x.device).any()
+    assert not arrivals.counters(x.device).any()
 
 
 def test_covers_its_types_in_16_bit_activations_on_aligned_rows():
