@@ -60,6 +60,12 @@ def gguf_decode_choice() -> str:
     return _choice("GLM5_SHIM_GGUF_DECODE", ("mma", "tile"), "mma")
 
 
+def gguf_split_reduce_choice() -> str:
+    """GLM5_SHIM_GGUF_SPLITS: kernel (default: a decode-sized GGUF matmul split over K is summed by the last program
+    of each tile, kernels/arrivals.py: one launch) | launch (the float32 split planes are summed by a second launch)."""
+    return _choice("GLM5_SHIM_GGUF_SPLITS", ("kernel", "launch"), "kernel")
+
+
 ENV_SWITCHES = {
     "GLM5_SHIM": "0 disables the shim entirely (vLLM is stock)",
     "GLM5_SHIM_FORCE": "1 patches a vLLM other than 0.23.x",
@@ -69,6 +75,8 @@ ENV_SWITCHES = {
     "GLM5_SHIM_GGUF_KERNELS": "shim | vllm: GGUF matmuls on the shim's kernels (default) or vLLM's ggml kernels",
     "GLM5_SHIM_GGUF_DECODE": "mma | tile: decode-sized GGUF matmuls on the register-MMA kernels (default; Q4_K, Q5_K, "
                              "Q6_K, Q8_0 MoE) or the tile kernels",
+    "GLM5_SHIM_GGUF_SPLITS": "kernel | launch: decode-sized GGUF matmuls split over K summed by their own last "
+                             "program (default) or by a separate launch",
     "GLM5_SHIM_CACHE": "where tokenizers rebuilt from GGUFs are kept (default ~/.cache/glm5_shim)",
 }
 

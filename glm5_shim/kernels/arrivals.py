@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from glm5_shim import settings
+
 COUNTER_SLOTS = 1 << 16   # tiles one launch may count in (a decode-sized call has a few thousand at most)
 _buffers: dict = {}
 
@@ -23,6 +25,12 @@ def counters(device: torch.device) -> torch.Tensor:
     if buf is None:
         buf = _buffers[key] = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
     return buf
+
+
+def in_kernel() -> bool:
+    """Whether split planes are summed by the tile's last program (GLM5_SHIM_GGUF_SPLITS=kernel, the default) or
+    by a separate launch (``launch``: the escape hatch, and what the kernels did before)."""
+    return settings.gguf_split_reduce_choice() == "kernel"
 
 
 def check_tiles(tiles: int) -> None:

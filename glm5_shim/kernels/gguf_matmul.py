@@ -990,14 +990,17 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int, n: int | Non
     split = plan["split"]
     dst = out if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(m, plan["BLOCK_M"]), triton.cdiv(n, plan["BLOCK_N"]), split)
-    if split > 1:
+    reduce = split > 1 and arrivals.in_kernel()
+    if reduce:
         arrivals.check_tiles(grid[0] * grid[1])
     _linear_kernel[grid](x, qweight, _grid_arg(qtype, qweight), dst, out,
-                         arrivals.counters(x.device) if split > 1 else out, m, n, x.stride(0), qweight.stride(0),
+                         arrivals.counters(x.device) if reduce else out, m, n, x.stride(0), qweight.stride(0),
                          dst.stride(0) if split > 1 else 0, dst.stride(-2), out.stride(0), plan["steps_per_split"],
                          k // STEP_K, QTYPE=qtype, BLOCK_M=plan["BLOCK_M"], BLOCK_N=plan["BLOCK_N"],
-                         DOT_PRECISION=_dot_precision(x.dtype), REDUCE=split > 1, num_warps=plan["num_warps"],
+                         DOT_PRECISION=_dot_precision(x.dtype), REDUCE=reduce, num_warps=plan["num_warps"],
                          num_stages=plan["num_stages"])
+    if split > 1 and not reduce:   # GLM5_SHIM_GGUF_SPLITS=launch
+        out.copy_(dst.sum(0))
     return out
 
 
@@ -1164,7 +1167,7 @@ def _moe_decode(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan: dict,
     else:
         split, per = _split(busy * triton.cdiv(two_i, plan["BLOCK_N"]), h // STEP_K, num_sms, plan["ctas_per_sm"])
         part = torch.empty(split, pairs, two_i, dtype=torch.float32, device=x.device)
-        gated = fused and inter % plan["BLOCK_N"] == 0
+        gated = fused and inter % plan["BLOCK_N"] == 0 and arrivals.in_kernel()
         _tile_pass(x, w13, qtype13, part, sorted_route(plan["BLOCK_M"]), plan, n=two_i, split=split, per_split=per,
                    num_valid=pairs, a_row_div=top_k, final=act if gated else None)
         if not gated:

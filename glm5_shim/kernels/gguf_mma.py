@@ -630,9 +630,10 @@ def launch(x, w, out, *, qtype: int, n: int, num_valid: int, num_blocks: int, sp
     num_sb = x.shape[1] // SB_VALUES.value
     units = top_k * num_sb if routing == TOKEN_SUM.value else num_sb
     grid = (num_blocks * -(-n // bn), split)
-    epilogue = STORE.value if final is None else (REDUCE_SILU.value if gated else REDUCE.value)
+    separate = final is not None and not arrivals.in_kernel()   # GLM5_SHIM_GGUF_SPLITS=launch: summed below
+    epilogue = STORE.value if final is None or separate else (REDUCE_SILU.value if gated else REDUCE.value)
     counter = out
-    if final is not None:
+    if epilogue != STORE.value:
         if gated and n % (2 * bn):
             raise ValueError(f"a gated launch needs gate and up tiles of {bn} rows: N = {n}")
         arrivals.check_tiles(grid[0] // 2 if gated else grid[0])
@@ -645,6 +646,19 @@ def launch(x, w, out, *, qtype: int, n: int, num_valid: int, num_blocks: int, sp
         out.stride(-2), final.stride(0) if final is not None else 0, QTYPE=qtype, WARPS=t["num_warps"],
         REPS=t["reps"], MOE=moe, ROUTE_WEIGHTED=route_w is not None and routing != TOKEN_SUM.value,
         ROUTING=routing, EPILOGUE=epilogue, TOPK=max(2, 1 << (top_k - 1).bit_length()), num_warps=t["num_warps"])
+    if separate:
+        _sum_planes(out, final, gated)
+
+
+def _sum_planes(planes, final, gated: bool) -> None:
+    """What the reducing epilogues compute, in separate launches: final = the planes' sum over the splits (gated:
+    SiLU of the gate half's sum times the up half's, in float32 as the kernel does)."""
+    import torch
+    total = planes.sum(0)
+    if gated:
+        half = total.shape[1] // 2
+        total = torch.nn.functional.silu(total[:, :half]) * total[:, half:]
+    final.copy_(total)
 
 
 def linear(x, qweight, qtype: int, n: int, num_sms: int, tuning: dict | None = None):

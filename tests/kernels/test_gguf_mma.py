@@ -111,13 +111,16 @@ def test_moe_decode(types):
         assert rel <= 4e-3, (types, t, hot, rel)
 
 
+@pytest.mark.parametrize("splits", ["kernel", "launch"])
 @pytest.mark.parametrize("direct", [True, False])
-def test_moe_decode_in_two_launches(monkeypatch, direct):
+def test_moe_decode_in_two_launches(monkeypatch, direct, splits):
     """Both passes on the register-MMA kernels take two launches (and, sorted, the routing's and the top-k sum):
     w13's last program of each gate/up tile pair writes SiLU(gate) * up; direct, w2 sums each token's top-k slots,
     here split inside a slot's super-blocks (inter 512: 2 a slot, 6 units in 2 splits of 3) and an expert shared by
-    two tokens' pairs.  The arrival counters are all back at zero after each call."""
+    two tokens' pairs.  The arrival counters are all back at zero after each call.  GLM5_SHIM_GGUF_SPLITS=launch
+    (the splits summed by separate launches) computes the same."""
     monkeypatch.setattr(gm, "CPU_NUM_SMS", 6)
+    monkeypatch.setenv("GLM5_SHIM_GGUF_SPLITS", splits)
     g = torch.Generator().manual_seed(41 + direct)
     e, h, inter, top_k, t = 6, 512, 512, 3, 3
     w13 = torch.stack([ref.random_blocks(gm.Q4_K, 2 * inter, h, g) for _ in range(e)])
@@ -138,6 +141,25 @@ def test_moe_decode_in_two_launches(monkeypatch, direct):
         assert launched == [(mma.PAIRS.value, 1), (mma.TOKEN_SUM.value, 2)]
     else:
         assert [r for r, _ in launched] == [mma.SORTED.value] * 2
+    assert not arrivals.counters(x.device).any()
+
+
+@pytest.mark.parametrize("splits", ["kernel", "launch"])
+def test_split_k_linears_reduce_in_the_kernel_or_in_a_launch(monkeypatch, splits):
+    """Dense decode products split over K (the register-MMA kernel for Q4_K, the tile kernel for Q8_0 and Q2_K):
+    the last program of each tile sums the planes (kernel) or a separate launch does (launch); same numbers
+    within the bound, every counter back at zero."""
+    monkeypatch.setenv("GLM5_SHIM_GGUF_SPLITS", splits)
+    g = torch.Generator().manual_seed(5)
+    n, k = 150, 1024
+    for qtype in (mma.Q4_K, mma.Q8_0, gm.Q2_K):
+        w = ref.random_blocks(qtype, n, k, g)
+        x = torch.randn(3, k, generator=g).half()
+        got = mma.linear(x, w, qtype, n, 16) if qtype == mma.Q4_K else gm.gguf_linear(x, w, qtype)
+        want = x.double() @ ref.dequantize(w, qtype, k).T
+        rel = ((got.double() - want).norm() / want.norm()).item()
+        assert rel <= 2e-3, (qtype, splits, rel)
+    assert gm.linear_plan(3, n, k, gm.CPU_NUM_SMS)["split"] > 1
     assert not arrivals.counters(x.device).any()
 
 
