@@ -193,7 +193,7 @@ def bench_moe(tp: int, type_names, tokens, bw, peak, gen, vg, bf16_moe, rows):
                                                 for i, w in zip(ids, wts)])
             row["shim_pct_floor"] = 100 * floor / row["shim_us"]
             plan = gm.moe_plan(t, TOP_K, EXPERTS)
-            if gguf_mma.covers(qt, HIDDEN, x.dtype) and not plan["fused_gate"]:  # the register-MMA decode arms
+            if gguf_mma.covers(qt, HIDDEN, x.dtype, gguf_mma.KERNEL_TYPES) and not plan["fused_gate"]:  # mma arms
                 # tile: the tile kernels; mma_s6: the register-MMA kernels in session 6's five launches (align,
                 # w13 planes, SiLU of their sum, w2, top-k sum); direct / sorted: today's two-launch epilogues
                 # with each routing forced (the default picks by MOE_DIRECT_MAX_TOKENS)
@@ -238,14 +238,16 @@ def bench_dense(type_names, tokens, bw, peak, gen, vg, rows):
                         row["vllm_gguf_error"] = f"{type(e).__name__}: {str(e)[:200]}"
                     row["vllm_bf16_us"] = graph_us([lambda w=w: x @ w.T for w in wbf] * 2)
                 row["shim_pct_floor"] = 100 * row["floor_us"] / row["shim_us"]
-                if gguf_mma.covers(qt, k, x.dtype) and t <= gguf_mma.TOKENS:  # the register-MMA decode arm
+                if gguf_mma.covers(qt, k, x.dtype, gguf_mma.KERNEL_TYPES) and t <= gguf_mma.TOKENS:  # mma arm
                     sms = torch.cuda.get_device_properties(0).multi_processor_count
                     tplan = gm.linear_plan(t, n, k, sms)   # an explicit plan: the tile kernels
                     tile = gm.gguf_linear(x, ws[0], qt, plan=tplan)
-                    mine = gguf_mma.linear(x, ws[0], qt, n, sms)
+                    table = gm.grid_table(qt, x.device) if qt == gm.IQ2_XXS else None
+                    mine = gguf_mma.linear(x, ws[0], qt, n, sms, grid_table=table)
                     row["mma_rel_err_vs_tile"] = ((mine.float() - tile.float()).norm() / tile.float().norm()).item()
                     row["tile_us"] = graph_us([lambda w=w: gm.gguf_linear(x, w, qt, plan=tplan) for w in ws] * 2)
-                    row["mma_us"] = graph_us([lambda w=w: gguf_mma.linear(x, w, qt, n, sms) for w in ws] * 2)
+                    row["mma_us"] = graph_us([lambda w=w: gguf_mma.linear(x, w, qt, n, sms, grid_table=table)
+                                              for w in ws] * 2)
                     row["mma_pct_floor"] = 100 * row["floor_us"] / row["mma_us"]
                 print(json.dumps(row), flush=True)
                 rows.append(row)

@@ -974,7 +974,7 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int, n: int | Non
     if m == 0:
         return out
     if plan is None and m <= gguf_mma.TOKENS and mma_decode(qtype, k, x.dtype, weight=qweight, linear=True):
-        return gguf_mma.linear(x, qweight, qtype, n, _num_sms(x.device))
+        return gguf_mma.linear(x, qweight, qtype, n, _num_sms(x.device), grid_table=_grid_arg(qtype, qweight))
     plan = plan or linear_plan(m, n, k, _num_sms(x.device))
     if plan["dequant"]:
         rows = max(32, DEQUANT_CHUNK_BYTES // (k * x.element_size()) // 32 * 32)
@@ -1010,7 +1010,10 @@ def mma_decode(qtype: int, k: int, dtype: torch.dtype, mma: bool | None = None,
     GLM5_SHIM_GGUF_DECODE=mma (the default; or ``mma``), a type and dtype they cover (a dense ``linear``: one of
     kernel_coverage.MMA_LINEAR_TYPES), and rows aligned as they load them."""
     wanted = settings.gguf_decode_choice() == "mma" if mma is None else mma
-    return (wanted and gguf_mma.covers(qtype, k, dtype) and (not linear or int(qtype) in MMA_LINEAR_TYPES)
+    # mma=True (a plan's explicit ask: the bench, the tests) takes every type the kernel computes
+    types = gguf_mma.KERNEL_TYPES if mma is True else gguf_mma.MMA_TYPES
+    return (wanted and gguf_mma.covers(qtype, k, dtype, types)
+            and (not linear or mma is True or int(qtype) in MMA_LINEAR_TYPES)
             and (weight is None or gguf_mma.aligned(weight, qtype)))
 
 
@@ -1159,7 +1162,7 @@ def _moe_decode(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan: dict,
         gated = fused and inter % bn == 0
         gguf_mma.launch(x, w13, part, qtype=qtype13, n=two_i, num_valid=pairs, num_blocks=blocks, split=split,
                         sb_per_split=per, a_row_div=top_k, route=route, routing=routing,
-                        final=act if gated else None, gated=gated, tuning=tuning)
+                        final=act if gated else None, gated=gated, grid_table=_grid_arg(qtype13, w13), tuning=tuning)
         if not gated:
             _silu_mul_splits_kernel[(pairs, triton.cdiv(inter, SILU_BLOCK))](
                 part, act, split, inter, part.stride(0), part.stride(1), act.stride(0), BLOCK=SILU_BLOCK,
@@ -1180,13 +1183,14 @@ def _moe_decode(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan: dict,
         dst = out if split == 1 else torch.empty(split, t, h, dtype=torch.float32, device=x.device)
         gguf_mma.launch(act, w2, dst, qtype=qtype2, n=h, num_valid=t, num_blocks=t, split=split, sb_per_split=per,
                         route=(None, ids_flat, None, route_w), routing=gguf_mma.TOKEN_SUM.value, top_k=top_k,
-                        final=None if split == 1 else out, tuning=tuning)
+                        final=None if split == 1 else out, grid_table=_grid_arg(qtype2, w2), tuning=tuning)
         return out
     down = torch.empty(pairs, h, dtype=x.dtype, device=x.device)  # rounded once before the top-k sum
     if mma2:
         route = sorted_route(gguf_mma.TOKENS)
         gguf_mma.launch(act, w2, down, qtype=qtype2, n=h, num_valid=pairs, num_blocks=route[1].numel(), split=1,
-                        sb_per_split=inter // 256, route=(*route, route_w), tuning=tuning)
+                        sb_per_split=inter // 256, route=(*route, route_w), grid_table=_grid_arg(qtype2, w2),
+                        tuning=tuning)
     else:
         _tile_pass(act, w2, qtype2, down, sorted_route(plan["BLOCK_M"]), plan, n=h, split=1,
                    per_split=inter // STEP_K, num_valid=pairs, route_w=route_w, bn=plan["BLOCK_N_W2"])

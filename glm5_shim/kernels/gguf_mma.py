@@ -47,12 +47,15 @@ Q8_0 = int(gguf.GGMLQuantizationType.Q8_0)
 Q4_K = int(gguf.GGMLQuantizationType.Q4_K)
 Q5_K = int(gguf.GGMLQuantizationType.Q5_K)
 Q6_K = int(gguf.GGMLQuantizationType.Q6_K)
-MMA_TYPES = MMA_DECODE_TYPES
+IQ2_XXS = int(gguf.GGMLQuantizationType.IQ2_XXS)
+MMA_TYPES = MMA_DECODE_TYPES          # what the plans run here (kernel_coverage: GPU-tested and measured faster)
+KERNEL_TYPES = MMA_DECODE_TYPES + tuple(t for t in (IQ2_XXS,) if t not in MMA_DECODE_TYPES)  # what it computes
 TOKENS = 8                         # the MMA's N: routed rows (MoE) or activation rows (linear) a program multiplies
 SB_VALUES = gl.constexpr(256)      # values of a K-quant super-block
 # Super-blocks the device code steps through (gguf.GGML_QUANT_SIZES; its byte counts are literals there): Q4_K 144 B:
 # d, dmin, 12 scale bytes, 128 code bytes; Q5_K 176 B: the same with 32 high-bit bytes before the codes; Q6_K 210 B:
-# 128 bytes of low nibbles, 64 of high bits, 16 int8 scales, d; Q8_0 272 B: 8 blocks of (d, 32 int8 codes)
+# 128 bytes of low nibbles, 64 of high bits, 16 int8 scales, d; Q8_0 272 B: 8 blocks of (d, 32 int8 codes);
+# IQ2_XXS 66 B: d, then per 32 values 4 grid indices (bytes) and a word of 4 x 7 sign bits and a 4-bit scale
 
 # Dimension orders of the two permutations (see the module docstring).  A: codes [rows, 4, 4, 4] viewed as bits
 # (row, p5, p4, p3, p2, p1, p0) of the byte p, reordered so that dimension j + 1 is bit 5 - j of the dot's k:
@@ -61,6 +64,9 @@ SB_VALUES = gl.constexpr(256)      # values of a K-quant super-block
 A_ORDER = gl.constexpr((0, 3, 4, 5, 1, 2, 6))
 X_ORDER_Q4K = gl.constexpr((4, 5, 6, 1, 3, 7, 0, 2))
 X_ORDER_Q6K = gl.constexpr((4, 5, 6, 2, 3, 7, 0, 1))
+# IQ2_XXS: the thread of slot s holds the 32 values of sub-block s of the half, position q = p & 15 giving value
+# 32 s + q (grid rows 0-1 of the sub-block: "low nibble") and 32 s + 16 + q (rows 2-3: "high")
+X_ORDER_IQ = gl.constexpr((4, 5, 6, 1, 2, 7, 0, 3))
 
 # How a MoE pass's 8 columns are routed (see _mma_kernel), and what a program does with its sums
 SORTED = gl.constexpr(0)       # a block of moe_align's sorted ids, one expert
@@ -77,7 +83,8 @@ _ONE = {False: 0x3F80, True: 0x3C00}
 _NEG = {(False, Q4_K): 0xC300, (True, Q4_K): 0xE400,    # -128, -1024
         (False, Q5_K): 0xC300, (True, Q5_K): 0xE400,
         (False, Q6_K): 0xC320, (True, Q6_K): 0xE420,    # -160, -1056
-        (False, Q8_0): 0xBF80, (True, Q8_0): 0xE480}    # -1 (bf16: x - y, see _decode_asm), -1152
+        (False, Q8_0): 0xBF80, (True, Q8_0): 0xE480,    # -1 (bf16: x - y, see _decode_asm), -1152
+        (False, IQ2_XXS): 0xC300, (True, IQ2_XXS): 0xE400}
 
 
 def _pair(h: int) -> str:
@@ -94,6 +101,8 @@ def _decode_asm(qtype: int, fp16: bool) -> str:
     code and ors in the magic number, one FMA with 1.0 removes it (exact), one more applies the scale."""
     fma = "fma.rn.f16x2" if fp16 else "fma.rn.bf16x2"
     magic, one, neg = _pair(_MAGIC[fp16]), _pair(_ONE[fp16]), _pair(_NEG[(fp16, qtype)])
+    if qtype == IQ2_XXS:
+        return _iq2xxs_asm(fma, magic, one, neg)
     lines = [".reg .b32 t0, t1, u0, u1, u2, u3, one, neg;", f"mov.b32 one, {one};", f"mov.b32 neg, {neg};",
              "prmt.b32 t0, $4, 0, 0x4140;", "prmt.b32 t1, $4, 0, 0x4342;"]
     if qtype == Q4_K:
@@ -145,6 +154,26 @@ def _decode_asm(qtype: int, fp16: bool) -> str:
     return "{\n" + "\n".join(lines) + "\n}"
 
 
+def _iq2xxs_asm(fma: str, magic: str, one: str, neg: str) -> str:
+    """IQ2_XXS: grid magnitudes of the low ($4) and high ($5) words, their sign nibbles in the low bits of $6, $7
+    (bit e: element e of the word negative), the sub-block's scale $8 $9 -> weights ($0 $1 low, $2 $3 high).  A
+    magnitude is exact in the magic number's mantissa, the scale multiplies it (one rounding), and its sign bit is
+    xor-ed in: the sign nibble times 0x40008000 puts elements 0 and 1 at bits 15 and 31 (0x10002000: elements 2 and
+    3), what the mask 0x80008000 keeps of it."""
+    lines = [".reg .b32 t0, t1, u0, u1, u2, u3, one, neg, zero, sg, m;", f"mov.b32 one, {one};",
+             f"mov.b32 neg, {neg};", f"mov.b32 zero, {_pair(0x8000)};"]
+    for src, (a, b) in (("$4", ("u0", "u1")), ("$5", ("u2", "u3"))):
+        lines += [f"prmt.b32 t0, {src}, 0, 0x4140;", f"prmt.b32 t1, {src}, 0, 0x4342;",
+                  f"lop3.b32 {a}, t0, 0x00FF00FF, {magic}, 0xEA;", f"lop3.b32 {b}, t1, 0x00FF00FF, {magic}, 0xEA;"]
+    for j, s_reg in enumerate(("$8", "$9", "$8", "$9")):
+        lines += [f"{fma} u{j}, u{j}, one, neg;", f"{fma} u{j}, u{j}, {s_reg}, zero;"]
+    for signs, (a, b), (oa, ob) in (("$6", ("u0", "u1"), ("$0", "$1")), ("$7", ("u2", "u3"), ("$2", "$3"))):
+        lines += [f"and.b32 sg, {signs}, 15;",
+                  "mul.lo.u32 m, sg, 0x40008000;", f"lop3.b32 {oa}, {a}, m, 0x80008000, 0x78;",
+                  "mul.lo.u32 m, sg, 0x10002000;", f"lop3.b32 {ob}, {b}, m, 0x80008000, 0x78;"]
+    return "{\n" + "\n".join(lines) + "\n}"
+
+
 _ASM_Q4K_BF16 = gl.constexpr(_decode_asm(Q4_K, False))
 _ASM_Q4K_FP16 = gl.constexpr(_decode_asm(Q4_K, True))
 _ASM_Q5K_BF16 = gl.constexpr(_decode_asm(Q5_K, False))
@@ -153,6 +182,8 @@ _ASM_Q6K_BF16 = gl.constexpr(_decode_asm(Q6_K, False))
 _ASM_Q8_BF16 = gl.constexpr(_decode_asm(Q8_0, False))
 _ASM_Q8_FP16 = gl.constexpr(_decode_asm(Q8_0, True))
 _ASM_Q6K_FP16 = gl.constexpr(_decode_asm(Q6_K, True))
+_ASM_IQ2XXS_BF16 = gl.constexpr(_decode_asm(IQ2_XXS, False))
+_ASM_IQ2XXS_FP16 = gl.constexpr(_decode_asm(IQ2_XXS, True))
 
 
 @constexpr_function  # called while the kernel compiles (a plain function there would be refused), or on the host
@@ -174,10 +205,12 @@ def layouts(num_warps: int, reps: int, qtype: int = Q4_K) -> tuple:
         reg_bases=[[0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 1, 0], [0, 0, 2, 0], [8, 0, 0, 0]] + rep_rows,
         lane_bases=[[0, 1, 0, 0], [0, 2, 0, 0], [1, 0, 0, 0], [2, 0, 0, 0], [4, 0, 0, 0]],
         warp_bases=warp_rows, block_bases=[], shape=[bn, 4, 4, 4])
-    nibble, p5 = ([0, 64], [0, 32]) if qtype in (Q6_K, Q8_0) else ([0, 32], [0, 64])
+    # which bit of the value v the "nibble" and the slot's bits p4, p5 are (see X_ORDER_*)
+    nibble, p4, p5 = {Q6_K: ([0, 64], [0, 16], [0, 32]), Q8_0: ([0, 64], [0, 16], [0, 32]),
+                      IQ2_XXS: ([0, 16], [0, 32], [0, 64])}.get(qtype, ([0, 32], [0, 16], [0, 64]))
     acts = DistributedLinearLayout(
         reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], nibble],
-        lane_bases=[[0, 16], p5, [1, 0], [2, 0], [4, 0]],
+        lane_bases=[p4, p5, [1, 0], [2, 0], [4, 0]],
         warp_bases=[[0, 0]] * (num_warps.bit_length() - 1), block_bases=[], shape=[TOKENS, 128])
     acc = NVMMADistributedLayout(version=[2, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 8])
     return codes, acts, acc
@@ -297,6 +330,60 @@ def _weights(QTYPE: tl.constexpr, codes, high, a_lo, b_lo, a_hi, b_hi, BF16: tl.
 
 
 @jit
+def _ksign_byte(index):
+    """llama.cpp's ksigns: a 7-bit sign index with its parity as bit 7 (the eighth sign makes the count even)."""
+    p = index ^ (index >> 4)
+    p = p ^ (p >> 2)
+    p = p ^ (p >> 1)
+    return index | ((p & 1) << 7)
+
+
+@jit
+def _iq2xxs_weights(aux0, aux1, d, grid_ptr, L4: tl.constexpr, BF16: tl.constexpr):
+    """The 32 weights of sub-block slot of each row ([BN, 4] index and sign/scale words, d) as (low, high)
+    [BN, 4, 4, 4]: word w of the low half is bytes 4 (w & 1) .. + 3 of grid row w >> 1 (high: row 2 + (w >> 1)),
+    one 32-bit gather from the grid table each; scale d (0.5 + top 4 bits) / 4 rounded to the activation dtype."""
+    LWORD: tl.constexpr = gl.SliceLayout(3, L4)
+    word = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, LWORD))), 0),
+                          1)                                                     # [1, 1, 4]
+    row_lo = word >> 1
+    half = word & 1
+    a0 = gl.expand_dims(aux0, 2)
+    a1 = gl.expand_dims(aux1, 2)
+    gp = grid_ptr.to(gl.pointer_type(gl.int32))
+    lo = gl.load(gp + ((a0 >> (8 * row_lo)) & 255) * 2 + half)                   # [BN, 4, 4] magnitude words
+    hi = gl.load(gp + ((a0 >> (8 * row_lo + 16)) & 255) * 2 + half)
+    s_lo = (_ksign_byte((a1 >> (7 * row_lo)) & 127) >> (4 * half)) & 15          # sign nibble of each word
+    s_hi = (_ksign_byte((a1 >> (7 * row_lo + 14)) & 127) >> (4 * half)) & 15
+    if BF16:
+        dt: tl.constexpr = gl.bfloat16
+    else:
+        dt: tl.constexpr = gl.float16
+    scale = (d.to(gl.float16, bitcast=True).to(gl.float32) * (0.5 + ((aux1 >> 28) & 15).to(gl.float32))
+             * 0.25).to(dt)
+    lo_b = _bytes(lo, L4)
+    hi_b = _bytes(hi, L4)
+    if INTERPRET_K:   # the same numbers without PTX
+        byte = gl.arange(0, 4)
+        e = gl.expand_dims(gl.expand_dims(gl.expand_dims(byte, 0), 1), 2)
+        sign_lo = 1.0 - 2.0 * ((gl.expand_dims(s_lo, 3) >> e) & 1).to(gl.float32)
+        sign_hi = 1.0 - 2.0 * ((gl.expand_dims(s_hi, 3) >> e) & 1).to(gl.float32)
+        sc = _broadcast_like(scale, lo_b).to(gl.float32)
+        return ((lo_b.to(gl.float32) * sc * sign_lo).to(dt), (hi_b.to(gl.float32) * sc * sign_hi).to(dt))
+    else:
+        sg_lo = gl.broadcast(gl.expand_dims(s_lo, 3), lo_b)[0].to(gl.uint8)
+        sg_hi = gl.broadcast(gl.expand_dims(s_hi, 3), lo_b)[0].to(gl.uint8)
+        if BF16:
+            asm: tl.constexpr = _ASM_IQ2XXS_BF16
+        else:
+            asm: tl.constexpr = _ASM_IQ2XXS_FP16
+        return gl.inline_asm_elementwise(asm, "=r,=r,=r,=r,r,r,r,r,r,r",
+                                         [lo_b, hi_b, sg_lo, sg_hi, _broadcast_like(scale, lo_b)],
+                                         (scale.dtype, scale.dtype),
+                                         is_pure=True, pack=4)
+
+
+@jit
 def _half_dot(acc, w_lo, w_hi, xt, QTYPE: tl.constexpr, BN: tl.constexpr, ACC: tl.constexpr):
     """acc [BN, 8] += W . x over one half super-block: weights [BN, 4, 4, 4] by code byte (low and high nibbles),
     activations xt [8, 128] (value v of the half at column v), in the permuted K order of the module docstring."""
@@ -304,6 +391,8 @@ def _half_dot(acc, w_lo, w_hi, xt, QTYPE: tl.constexpr, BN: tl.constexpr, ACC: t
     B_DOT: tl.constexpr = gl.DotOperandLayout(operand_index=1, parent=ACC, k_width=2)
     if QTYPE == 14 or QTYPE == 8:
         xb = gl.permute(gl.reshape(xt, [8, 2, 2, 2, 2, 2, 2, 2]), X_ORDER_Q6K.value)
+    elif QTYPE == 16:
+        xb = gl.permute(gl.reshape(xt, [8, 2, 2, 2, 2, 2, 2, 2]), X_ORDER_IQ.value)
     else:
         xb = gl.permute(gl.reshape(xt, [8, 2, 2, 2, 2, 2, 2, 2]), X_ORDER_Q4K.value)
     x_lo, x_hi = gl.split(gl.reshape(xb, [64, 8, 2]))
@@ -352,6 +441,14 @@ def _load_half(QTYPE: tl.constexpr, rowp, slot, word, act_p, x_ok, sb, HF: tl.co
         h2 = gl.convert_layout(h2, LSLOT, assert_trivial=True)
         h3 = gl.convert_layout(h3, LSLOT, assert_trivial=True)
         return codes, h0, h1, h2, h3, high, xt
+    elif QTYPE == 16:
+        # sub-block 4 HF + slot: 4 grid indices, then signs and scale (2-byte aligned blocks: 16-bit loads)
+        base = rowp + sb * 66
+        ap = (base + 2 + 8 * (4 * HF + slot)).to(gl.pointer_type(gl.int16))      # [BN, 4]
+        aux0 = (gl.load(ap).to(gl.int32) & 0xFFFF) | (gl.load(ap + 1).to(gl.int32) << 16)
+        aux1 = (gl.load(ap + 2).to(gl.int32) & 0xFFFF) | (gl.load(ap + 3).to(gl.int32) << 16)
+        d = gl.load((base + slot * 0).to(gl.pointer_type(gl.int16)))
+        return aux0, aux1, d, aux0, aux0, aux0, xt
     elif QTYPE == 8:
         # values 64 j + p of the half (j = 0, 1) are code 2 + (p & 31) of block 4 HF + 2 j + p5: 2-byte aligned
         base = rowp + sb * 272 + 34 * (4 * HF + slot // 2)                   # the block of j = 0, [BN, 4]
@@ -378,9 +475,11 @@ def _load_half(QTYPE: tl.constexpr, rowp, slot, word, act_p, x_ok, sb, HF: tl.co
 
 @jit
 def _consume_half(acc, QTYPE: tl.constexpr, stage, slot, HF: tl.constexpr, BN: tl.constexpr, L4: tl.constexpr,
-                  ACC: tl.constexpr, BF16: tl.constexpr):
+                  ACC: tl.constexpr, BF16: tl.constexpr, grid_ptr):
     w0, w1, w2, w3, w4, w5, xt = stage
-    if QTYPE == 12 or QTYPE == 13:
+    if QTYPE == 16:
+        w_lo, w_hi = _iq2xxs_weights(w0, w1, w2, grid_ptr, L4, BF16)
+    elif QTYPE == 12 or QTYPE == 13:
         a_lo, b_lo, a_hi, b_hi = _q4k_scales(w1, w2, w3, w4, slot, HF, BF16)
         if QTYPE == 13:  # bit 2c of high-bit byte l is value l's fifth bit in group 2c: to bits 0 (low), 1 (high)
             high = w5 >> gl.expand_dims(2 * (2 * HF + slot // 2), 2)
@@ -430,8 +529,8 @@ def _unit(u, rowp, act_p, ids_vec, rw_vec, lanes, rows_off, w_ptr, stride_we, st
 
 @jit
 def _mma_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, final_ptr,
-                counter_ptr, num_valid, N, num_units, units_per_split, sb_per_expert, num_splits, a_row_div, top_k,
-                stride_xm, stride_we, stride_wn, stride_os, stride_om, stride_fm,
+                counter_ptr, grid_ptr, num_valid, N, num_units, units_per_split, sb_per_expert, num_splits, a_row_div,
+                top_k, stride_xm, stride_we, stride_wn, stride_os, stride_om, stride_fm,
                 QTYPE: tl.constexpr, WARPS: tl.constexpr, REPS: tl.constexpr, MOE: tl.constexpr,
                 ROUTE_WEIGHTED: tl.constexpr, ROUTING: tl.constexpr, EPILOGUE: tl.constexpr, TOPK: tl.constexpr):
     """out[s, row, n] = sum over the units of split s of x[row', k] * W[n, k] for the 8 columns of block
@@ -510,11 +609,11 @@ def _mma_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_p
         rp, ap, sb, rw = _unit(u, rowp, act_p, ids_vec, rw_vec, lanes, rows_off, w_ptr, stride_we, stride_xm,
                                sb_per_expert, ROUTING)
         stage1 = _load_half(QTYPE, rp, slot, word, ap, x_ok, sb, 1, BN, L4)
-        acc = _consume_half(acc, QTYPE, stage0, slot, 0, BN, L4, ACC, BF16)
+        acc = _consume_half(acc, QTYPE, stage0, slot, 0, BN, L4, ACC, BF16, grid_ptr)
         rpn, apn, sbn, rwn = _unit(gl.minimum(u + 1, last - 1), rowp, act_p, ids_vec, rw_vec, lanes, rows_off,
                                    w_ptr, stride_we, stride_xm, sb_per_expert, ROUTING)
         stage0 = _load_half(QTYPE, rpn, slot, word, apn, x_ok, sbn, 0, BN, L4)
-        acc = _consume_half(acc, QTYPE, stage1, slot, 1, BN, L4, ACC, BF16)
+        acc = _consume_half(acc, QTYPE, stage1, slot, 1, BN, L4, ACC, BF16, grid_ptr)
         if ROUTING == TOKEN_SUM:   # a slot ends (or the split does): its sum joins the total, weighted
             done = (sb == sb_per_expert - 1) | (u == last - 1)
             total = total + acc * gl.where(done, rw, 0.0)
@@ -596,13 +695,15 @@ def splits(tiles: int, num_sb: int, num_sms: int, tuning: dict | None = None) ->
     return -(-num_sb // per), per
 
 
-def covers(qtype: int, k: int, dtype) -> bool:
-    """True when this kernel can compute a weight of ``qtype`` with input width k for ``dtype`` activations."""
+def covers(qtype: int, k: int, dtype, types: tuple = MMA_TYPES) -> bool:
+    """True when the plans run a weight of ``qtype`` with input width k for ``dtype`` activations here (types:
+    KERNEL_TYPES for what the kernel can compute at all)."""
     import torch
-    return int(qtype) in MMA_TYPES and k % SB_VALUES.value == 0 and dtype in (torch.bfloat16, torch.float16)
+    return int(qtype) in types and k % SB_VALUES.value == 0 and dtype in (torch.bfloat16, torch.float16)
 
 
-ROW_ALIGN = {Q4_K: 4, Q5_K: 4, Q6_K: 2, Q8_0: 2}  # bytes: Q4_K/Q5_K rows are read as int32 words, the others int16
+# bytes: Q4_K/Q5_K rows are read as int32 words, the others int16
+ROW_ALIGN = {Q4_K: 4, Q5_K: 4, Q6_K: 2, Q8_0: 2, IQ2_XXS: 2}
 
 
 def aligned(w, qtype: int) -> bool:
@@ -613,7 +714,7 @@ def aligned(w, qtype: int) -> bool:
 
 def launch(x, w, out, *, qtype: int, n: int, num_valid: int, num_blocks: int, split: int, sb_per_split: int,
            a_row_div: int = 1, route=None, routing: int = 0, final=None, gated: bool = False, top_k: int = 1,
-           tuning: dict | None = None) -> None:
+           grid_table=None, tuning: dict | None = None) -> None:
     """One launch: x [rows, K] (bf16/fp16), w [N, row bytes] (linear) or [E, N, row bytes] (with route), out
     [split, out rows, N] float32 partial sums (split > 1, or final given) or [out rows, N].
 
@@ -641,9 +742,10 @@ def launch(x, w, out, *, qtype: int, n: int, num_valid: int, num_blocks: int, sp
     _mma_kernel[grid](
         x, w, out, route_w if route_w is not None else out, sorted_ids if sorted_ids is not None else out,
         expert_ids if expert_ids is not None else out, num_padded if num_padded is not None else out,
-        final if final is not None else out, counter, num_valid, n, units, sb_per_split, num_sb, split, a_row_div,
-        top_k, x.stride(0), w.stride(0) if moe else 0, w.stride(-2), out.stride(0) if out.dim() == 3 else 0,
-        out.stride(-2), final.stride(0) if final is not None else 0, QTYPE=qtype, WARPS=t["num_warps"],
+        final if final is not None else out, counter, grid_table if grid_table is not None else w, num_valid, n,
+        units, sb_per_split, num_sb, split, a_row_div, top_k, x.stride(0), w.stride(0) if moe else 0, w.stride(-2),
+        out.stride(0) if out.dim() == 3 else 0, out.stride(-2), final.stride(0) if final is not None else 0,
+        QTYPE=qtype, WARPS=t["num_warps"],
         REPS=t["reps"], MOE=moe, ROUTE_WEIGHTED=route_w is not None and routing != TOKEN_SUM.value,
         ROUTING=routing, EPILOGUE=epilogue, TOPK=max(2, 1 << (top_k - 1).bit_length()), num_warps=t["num_warps"])
     if separate:
@@ -661,7 +763,7 @@ def _sum_planes(planes, final, gated: bool) -> None:
     final.copy_(total)
 
 
-def linear(x, qweight, qtype: int, n: int, num_sms: int, tuning: dict | None = None):
+def linear(x, qweight, qtype: int, n: int, num_sms: int, tuning: dict | None = None, grid_table=None):
     """x [M, K] @ W[:n].T for a weight of one of MMA_TYPES [>= n, row bytes]: M rows in blocks of 8, K split to
     fill the GPU, the split sums added by the last program of each tile (one launch)."""
     import torch
@@ -672,11 +774,11 @@ def linear(x, qweight, qtype: int, n: int, num_sms: int, tuning: dict | None = N
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if split == 1:
         launch(x, qweight, out, qtype=qtype, n=n, num_valid=m, num_blocks=num_blocks, split=1, sb_per_split=per,
-               tuning=tuning)
+               grid_table=grid_table, tuning=tuning)
     else:
         part = torch.empty(split, m, n, dtype=torch.float32, device=x.device)
         launch(x, qweight, part, qtype=qtype, n=n, num_valid=m, num_blocks=num_blocks, split=split,
-               sb_per_split=per, final=out, tuning=tuning)
+               sb_per_split=per, final=out, grid_table=grid_table, tuning=tuning)
     return out
 
 
@@ -684,6 +786,7 @@ def kernel_configs() -> list[dict]:
     """Every variant the plans launch, for the offline compile test (bf16 activations)."""
     sig = {"x_ptr": "*bf16", "w_ptr": "*u8", "out_ptr": "*fp32", "route_w_ptr": "*fp32", "sorted_ids_ptr": "*i32",
            "expert_ids_ptr": "*i32", "num_padded_ptr": "*i32", "final_ptr": "*bf16", "counter_ptr": "*i32",
+           "grid_ptr": "*u8",
            "num_valid": "i32", "N": "i32", "num_units": "i32", "units_per_split": "i32", "sb_per_expert": "i32",
            "num_splits": "i32", "a_row_div": "i32", "top_k": "i32", "stride_xm": "i32", "stride_we": "i32",
            "stride_wn": "i32", "stride_os": "i32", "stride_om": "i32", "stride_fm": "i32"}
@@ -697,7 +800,7 @@ def kernel_configs() -> list[dict]:
                 ("moe top-k sum -> bf16", True, False, TOKEN_SUM, STORE, "*bf16"),
                 ("moe top-k sum split-K, reduced", True, False, TOKEN_SUM, REDUCE, "*fp32"))
     cfgs = []
-    for qtype in MMA_TYPES:
+    for qtype in KERNEL_TYPES:
         for what, moe, weighted, routing, epilogue, out in variants:
             cfgs.append(dict(name=f"mma {gguf.GGMLQuantizationType(qtype).name.lower()} {what}", kernel=_mma_kernel,
                              signature={**sig, "out_ptr": out},
@@ -705,6 +808,6 @@ def kernel_configs() -> list[dict]:
                                              MOE=moe, ROUTE_WEIGHTED=weighted, ROUTING=routing.value,
                                              EPILOGUE=epilogue.value, TOPK=8),
                              num_warps=MMA_TUNING["num_warps"], num_stages=1, gluon=True,
-                             divisible_by_16=("x_ptr", "w_ptr", "out_ptr", "stride_xm", "stride_we", "stride_wn",
-                                              "stride_om")))
+                             divisible_by_16=("x_ptr", "w_ptr", "out_ptr", "grid_ptr", "stride_xm", "stride_we",
+                                              "stride_wn", "stride_om")))
     return cfgs

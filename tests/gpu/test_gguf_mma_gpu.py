@@ -27,7 +27,7 @@ def _mods():
     return gm, ref, mma
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K", "Q8_0"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K", "Q8_0", "IQ2_XXS"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_linear_within_bound(name, dtype):
     gm, ref, mma = _mods()
@@ -35,12 +35,13 @@ def test_linear_within_bound(name, dtype):
     g = torch.Generator().manual_seed(qtype + (dtype == torch.float16))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for n, k, quantized in ((333, 1024, False), (2624, 6144, True)):   # the float64 bound is built on the host
-        w = (ref.quantized_blocks(qtype, torch.randn(n, k, generator=g) * 0.02) if quantized
-             else ref.random_blocks(qtype, n, k, g))
+        w = (ref.quantized_blocks(qtype, torch.randn(n, k, generator=g) * 0.02)
+             if quantized and qtype != gm.IQ2_XXS else ref.random_blocks(qtype, n, k, g))
         wd, w64 = w.cuda(), ref.dequantize(w, qtype, k)
+        table = gm.grid_table(qtype, wd.device) if qtype == gm.IQ2_XXS else None
         for m in (1, 2, 3, 7, 8):
             x = torch.randn(m, k, generator=g).to(dtype)
-            got = mma.linear(x.cuda(), wd, qtype, n, sms)
+            got = mma.linear(x.cuda(), wd, qtype, n, sms, grid_table=table)
             want = x.double() @ w64.T
             bound = ref.mma_error_bound(x, w, qtype, k, U[dtype]) + U[dtype] * want.abs()
             excess = ((got.double().cpu() - want).abs() - bound).max().item()
@@ -48,7 +49,8 @@ def test_linear_within_bound(name, dtype):
 
 
 @pytest.mark.parametrize("types", [("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q6_K", "Q4_K"), ("Q4_K", "Q8_0"),
-                                   ("Q5_K", "Q5_K"), ("Q4_K", "Q2_K"), ("Q3_K", "Q6_K")])
+                                   ("Q5_K", "Q5_K"), ("Q4_K", "Q2_K"), ("Q3_K", "Q6_K"), ("IQ2_XXS", "IQ2_XXS"),
+                                   ("IQ2_XXS", "Q4_K")])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_moe_decode(types, dtype):
     gm, ref, mma = _mods()

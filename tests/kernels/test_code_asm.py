@@ -58,6 +58,11 @@ def run_ptx(text: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             regs[dst] = val(src[0]) >> val(src[1]).astype(np.uint32)
         elif op == "lop3.b32":
             regs[dst] = _lop3(val(src[0]), val(src[1]), val(src[2]), int(src[3], 0))
+        elif op == "and.b32":
+            regs[dst] = val(src[0]) & val(src[1])
+        elif op == "mul.lo.u32":   # the low 32 bits of the product
+            regs[dst] = ((val(src[0]).astype(np.uint64) * np.uint64(val(src[1]))) & np.uint64(0xFFFFFFFF)
+                         ).astype(np.uint32)
         else:
             raise AssertionError(f"the PTX uses {op}, which this executor does not know")
     return regs

@@ -119,6 +119,33 @@ def test_decode_ptx_gives_every_weight_bit_for_bit(name, fp16):
             np.testing.assert_array_equal(got, _round_bits(want, fp16), err_msg=f"{name} {reg} half {half}")
 
 
+@pytest.mark.parametrize("fp16", [False, True], ids=["bf16", "fp16"])
+def test_iq2xxs_ptx_gives_every_weight_bit_for_bit(fp16):
+    """IQ2_XXS: grid magnitudes (the grid's 8, 25, 43, and any other below 128: bf16's magic number 128 holds 7
+    bits) times the scale, with the sign nibble's bit e negating element e of its word; the sign registers hold
+    the nibble's byte four times, as the kernel packs them."""
+    rng = np.random.default_rng(16 + fp16)
+    n = 4096
+    mags = rng.integers(0, 128, size=(2, 4, n)).astype(np.uint32)          # [low/high word, element, lane]
+    mags[:, :, :3] = np.array([8, 25, 43], dtype=np.uint32)[None, None, :]
+    words = [m[0] | (m[1] << 8) | (m[2] << 16) | (m[3] << 24) for m in mags]
+    nibbles = rng.integers(0, 16, size=(2, n)).astype(np.uint32)
+    nibbles[:, :16] = np.arange(16)
+    signs = [nb * np.uint32(0x01010101) for nb in nibbles]               # the byte repeated, as packed
+    s = [_pairs(rng, n, fp16) for _ in range(2)]
+    regs = {"$4": words[0], "$5": words[1], "$6": signs[0], "$7": signs[1], "$8": s[0], "$9": s[1]}
+    out = run(mma._decode_asm(mma.IQ2_XXS, fp16), regs, fp16)
+    for reg, word, pair in (("$0", 0, 0), ("$1", 0, 1), ("$2", 1, 0), ("$3", 1, 1)):
+        for half in range(2):
+            e = 2 * pair + half
+            sh = np.uint32(16 * half)
+            sc = _value((s[pair] >> sh) & np.uint32(0xFFFF), fp16)
+            neg = (nibbles[word] >> np.uint32(e)) & np.uint32(1)
+            want = _round_bits(sc * mags[word, e].astype(np.float64), fp16) | (neg << np.uint32(15))
+            got = (out[reg] >> sh) & np.uint32(0xFFFF)
+            np.testing.assert_array_equal(got, want, err_msg=f"IQ2_XXS {reg} half {half}")
+
+
 def test_the_fma_executor_is_not_vacuous():
     """Rounding matters: an FMA that rounded its product first would differ on these inputs."""
     fma = _fma_pair(False)
