@@ -49,7 +49,7 @@ Q5_K = int(gguf.GGMLQuantizationType.Q5_K)
 Q6_K = int(gguf.GGMLQuantizationType.Q6_K)
 IQ2_XXS = int(gguf.GGMLQuantizationType.IQ2_XXS)
 MMA_TYPES = MMA_DECODE_TYPES          # what the plans run here (kernel_coverage: GPU-tested and measured faster)
-KERNEL_TYPES = MMA_DECODE_TYPES + tuple(t for t in (IQ2_XXS,) if t not in MMA_DECODE_TYPES)  # what it computes
+KERNEL_TYPES = (Q4_K, Q6_K, Q5_K, Q8_0, IQ2_XXS)   # what the kernel computes
 TOKENS = 8                         # the MMA's N: routed rows (MoE) or activation rows (linear) a program multiplies
 SB_VALUES = gl.constexpr(256)      # values of a K-quant super-block
 # Super-blocks the device code steps through (gguf.GGML_QUANT_SIZES; its byte counts are literals there): Q4_K 144 B:

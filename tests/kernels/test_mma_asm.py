@@ -124,6 +124,8 @@ def test_iq2xxs_ptx_gives_every_weight_bit_for_bit(fp16):
     """IQ2_XXS: grid magnitudes (the grid's 8, 25, 43, and any other below 128: bf16's magic number 128 holds 7
     bits) times the scale, with the sign nibble's bit e negating element e of its word; the sign registers hold
     the nibble's byte four times, as the kernel packs them."""
+    from glm5_shim.kernels import gguf_matmul as gm
+    assert gm.grid_table(mma.IQ2_XXS, __import__("torch").device("cpu")).max() < 128   # what the kernel relies on
     rng = np.random.default_rng(16 + fp16)
     n = 4096
     mags = rng.integers(0, 128, size=(2, 4, n)).astype(np.uint32)          # [low/high word, element, lane]
