@@ -177,27 +177,28 @@ def test_vllms_moe_method_runs_on_the_shim_kernels(patched):
 
 
 def test_iq_moe_decode_goes_to_vllm_where_it_was_faster_and_trusted(patched, monkeypatch):
-    """An IQ2_XXS MoE of up to 32 tokens goes to vLLM's vector MoE kernel where vLLM's kernels are trusted with
-    the activations (kernel_coverage.VLLM_MOE_DECODE_TOKENS); 33 tokens, bf16 where vLLM is refused it, or a K-quant
-    go to the shim's kernels."""
+    """An IQ2_S MoE of up to 32 tokens goes to vLLM's vector MoE kernel where vLLM's kernels are trusted with the
+    activations (kernel_coverage.VLLM_MOE_DECODE_TOKENS); 33 tokens, bf16 where vLLM is refused it, a K-quant, or
+    IQ2_XXS (on the register-MMA kernel since session 7, faster than vLLM's) go to the shim's kernels."""
     from glm5_shim.gguf.kernel_coverage import VLLM_MOE_DECODE_TOKENS
     from glm5_shim.matmul import gguf_ops
 
-    iq2 = int(gguf.GGMLQuantizationType.IQ2_XXS)
-    assert VLLM_MOE_DECODE_TOKENS[iq2] == 32
+    iq2s = int(gguf.GGMLQuantizationType.IQ2_S)
+    iq2xxs = int(gguf.GGMLQuantizationType.IQ2_XXS)
+    assert VLLM_MOE_DECODE_TOKENS[iq2s] == 32 and iq2xxs not in VLLM_MOE_DECODE_TOKENS
     went = []
     monkeypatch.setattr(patched, "_fused_moe_gguf", lambda x, *a: went.append(("vllm", x.shape[0])) or x)
     monkeypatch.setattr(gm, "gguf_moe", lambda x, *a, **kw: went.append(("shim", x.shape[0])) or x)
     w = torch.zeros(1, 1, dtype=torch.uint8)
     ids, wts = torch.zeros(33, 8, dtype=torch.int32), torch.zeros(33, 8)
     monkeypatch.setattr(gguf_ops, "_vllm_vector_kernel_trusted", lambda x: True)
-    for t, qtype in ((32, iq2), (33, iq2), (1, gm.Q4_K)):
+    for t, qtype in ((32, iq2s), (33, iq2s), (1, gm.Q4_K), (2, iq2xxs)):
         gguf_ops._moe_op(torch.zeros(t, 256), w, w, wts[:t], ids[:t], qtype, qtype)
     iq3s = int(gguf.GGMLQuantizationType.IQ3_S)  # vLLM decodes it wrongly (VLLM_MISDECODED_TYPES): never there
-    gguf_ops._moe_op(torch.zeros(1, 256), w, w, wts[:1], ids[:1], iq2, iq3s)
+    gguf_ops._moe_op(torch.zeros(1, 256), w, w, wts[:1], ids[:1], iq2s, iq3s)
     monkeypatch.setattr(gguf_ops, "_vllm_vector_kernel_trusted", lambda x: False)
-    gguf_ops._moe_op(torch.zeros(1, 256), w, w, wts[:1], ids[:1], iq2, iq2)
-    assert went == [("vllm", 32), ("shim", 33), ("shim", 1), ("shim", 1), ("shim", 1)]
+    gguf_ops._moe_op(torch.zeros(1, 256), w, w, wts[:1], ids[:1], iq2s, iq2s)
+    assert went == [("vllm", 32), ("shim", 33), ("shim", 1), ("shim", 2), ("shim", 1), ("shim", 1)]
 
 
 def test_iq3_s_never_reaches_vllms_kernels(patched, monkeypatch):
