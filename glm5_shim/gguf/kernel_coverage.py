@@ -39,8 +39,18 @@ MMA_LINEAR_TYPES = (int(_T.Q4_K), int(_T.Q6_K), int(_T.Q5_K), int(_T.IQ2_XXS))
 K_MULTIPLE = 256  # the kernels step through K in half super-blocks; GLM-5's input widths are all multiples of 256
 
 
-def vllm_moe_decode_faster(qtype13: int, tokens: int) -> bool:
-    """Whether vLLM's vector MoE kernel computed a call of this many tokens faster than the shim's (w13's type)."""
+# A MoE whose w13 runs on the register-MMA kernel but whose w2 is an IQ type vLLM's vector kernel decodes faster
+# than the tile kernels (the UD-IQ2_M mix: IQ2_XXS gate/up, IQ2_S down): vLLM up to this many tokens.  Measured on
+# the rank-of-8 slice (session 7, H200): 1 token, shim 63 µs a layer (IQ2_XXS register-MMA 19 + IQ2_S tile 36 + align
+# and sum) against vLLM's 52; 32 tokens, shim 603 against vLLM's 1366.  Between 1 and 32 it was not measured.
+MIXED_VLLM_MOE_DECODE_TOKENS = 1
+
+
+def vllm_moe_decode_faster(qtype13: int, tokens: int, qtype2: int | None = None) -> bool:
+    """Whether vLLM's vector MoE kernel computed a call of this many tokens faster than the shim's (by w13's type,
+    or the mixed rule above when w13 is a register-MMA type and w2 an IQ type vLLM decodes faster)."""
+    if qtype2 is not None and int(qtype13) in MMA_DECODE_TYPES and int(qtype2) in VLLM_MOE_DECODE_TOKENS:
+        return tokens <= MIXED_VLLM_MOE_DECODE_TOKENS
     return tokens <= VLLM_MOE_DECODE_TOKENS.get(int(qtype13), 0)
 
 

@@ -929,6 +929,7 @@ def _split(tiles: int, steps: int, num_sms: int, ctas_per_sm: int) -> tuple[int,
 DECODE_TUNING = dict(BLOCK_N=64, num_warps=4, num_stages=3, ctas_per_sm=4)
 PREFILL_TUNING = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
 DENSE_DEQUANT_MIN_M = 128
+SELF_REDUCING_MAX_BLOCK_M = 16  # tile linears whose split planes the kernel sums itself (kernels/arrivals.py)
 DEQUANT_CHUNK_BYTES = 64 << 20
 
 
@@ -990,7 +991,9 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int, n: int | Non
     split = plan["split"]
     dst = out if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(m, plan["BLOCK_M"]), triton.cdiv(n, plan["BLOCK_N"]), split)
-    reduce = split > 1 and arrivals.in_kernel()
+    # the tile's last program sums the planes for 16-row tiles (H200: q_a+kv_a Q4_K at 1 row 13.4 µs against 15.5
+    # with a sum launch); 64-row tiles keep the sum launch (32 rows: 34 µs a call against 24, slice a, session 7)
+    reduce = split > 1 and plan["BLOCK_M"] <= SELF_REDUCING_MAX_BLOCK_M and arrivals.in_kernel()
     if reduce:
         arrivals.check_tiles(grid[0] * grid[1])
     _linear_kernel[grid](x, qweight, _grid_arg(qtype, qweight), dst, out,
@@ -999,7 +1002,7 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int, n: int | Non
                          k // STEP_K, QTYPE=qtype, BLOCK_M=plan["BLOCK_M"], BLOCK_N=plan["BLOCK_N"],
                          DOT_PRECISION=_dot_precision(x.dtype), REDUCE=reduce, num_warps=plan["num_warps"],
                          num_stages=plan["num_stages"])
-    if split > 1 and not reduce:   # GLM5_SHIM_GGUF_SPLITS=launch
+    if split > 1 and not reduce:
         out.copy_(dst.sum(0))
     return out
 
@@ -1222,7 +1225,7 @@ def kernel_configs() -> list[dict]:
     cfgs = []
     for qt in SUPPORTED_TYPES:
         for bm, t, reduce in ((16, DECODE_TUNING, False), (16, DECODE_TUNING, True), (64, DECODE_TUNING, False),
-                              (64, DECODE_TUNING, True), (PREFILL_TUNING["BLOCK_M"], PREFILL_TUNING, False)):
+                              (PREFILL_TUNING["BLOCK_M"], PREFILL_TUNING, False)):
             sig = {**_LINEAR_SIG, "out_ptr": "*fp32"} if reduce else _LINEAR_SIG
             cfgs.append(dict(name=f"linear q{qt} m{bm}{' split-K reduced' if reduce else ''}", kernel=_linear_kernel,
                              signature=sig, constexprs=dict(QTYPE=qt, BLOCK_M=bm, BLOCK_N=t["BLOCK_N"],

@@ -51,7 +51,7 @@ def _moe_op(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: 
 
     from glm5_shim.kernels.gguf_matmul import gguf_moe
 
-    if (vllm_moe_decode_faster(qtype13, x.shape[0]) and _vllm_vector_kernel_trusted(x)
+    if (vllm_moe_decode_faster(qtype13, x.shape[0], qtype2) and _vllm_vector_kernel_trusted(x)
             and vllm_decodes(qtype13, qtype2)):
         # inside the op, like the linear's row test: the token count is dynamic to torch.compile
         from vllm.model_executor.layers.quantization.gguf import _fused_moe_gguf

@@ -194,11 +194,14 @@ def test_iq_moe_decode_goes_to_vllm_where_it_was_faster_and_trusted(patched, mon
     monkeypatch.setattr(gguf_ops, "_vllm_vector_kernel_trusted", lambda x: True)
     for t, qtype in ((32, iq2s), (33, iq2s), (1, gm.Q4_K), (2, iq2xxs)):
         gguf_ops._moe_op(torch.zeros(t, 256), w, w, wts[:t], ids[:t], qtype, qtype)
+    for t in (1, 2):   # the UD-IQ2_M mix, IQ2_XXS gate/up and IQ2_S down: vLLM at 1 token only (MIXED_...)
+        gguf_ops._moe_op(torch.zeros(t, 256), w, w, wts[:t], ids[:t], iq2xxs, iq2s)
     iq3s = int(gguf.GGMLQuantizationType.IQ3_S)  # vLLM decodes it wrongly (VLLM_MISDECODED_TYPES): never there
     gguf_ops._moe_op(torch.zeros(1, 256), w, w, wts[:1], ids[:1], iq2s, iq3s)
     monkeypatch.setattr(gguf_ops, "_vllm_vector_kernel_trusted", lambda x: False)
     gguf_ops._moe_op(torch.zeros(1, 256), w, w, wts[:1], ids[:1], iq2s, iq2s)
-    assert went == [("vllm", 32), ("shim", 33), ("shim", 1), ("shim", 2), ("shim", 1), ("shim", 1)]
+    assert went == [("vllm", 32), ("shim", 33), ("shim", 1), ("shim", 2), ("vllm", 1), ("shim", 2), ("shim", 1),
+                    ("shim", 1)]
 
 
 def test_iq3_s_never_reaches_vllms_kernels(patched, monkeypatch):
