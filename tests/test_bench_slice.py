@@ -192,6 +192,19 @@ def test_register_mma_kernels_are_placed_by_the_silu_between_the_moe_passes():
     assert g["count"]["gguf_moe"] == 6 and g["count"]["gguf_dense"] == 3, g["count"]
 
 
+def test_named_register_mma_moe_passes_and_their_sums_are_moe():
+    """Since session 7 the register-MMA kernel's MoE passes launch as _mma_moe_kernel (two launches, no SiLU kernel
+    between them; the top-k sum after w2 where the routing is sorted); _mma_kernel stays a dense linear, whose split
+    sum is now inside the kernel."""
+    names = ["void vllm::moe::grouped_topk_fused_small_expert_count_kernel<...>", "_mma_moe_kernel",
+             "_mma_moe_kernel", "triton_red_fused_fused_add_rms_norm_moe_forward_shared_0", "_mma_kernel",
+             "void vllm::moe::moe_align_block_size_kernel<int>(...)", "_mma_moe_kernel", "_mma_moe_kernel", SUM_BF16]
+    ev = [_ev("cuda_runtime", "cudaGraphLaunch", 0, 2, corr=1)]
+    ev += [_ev("kernel", n, 10 + 10 * i, 1, tid=7, corr=1) for i, n in enumerate(names)]
+    g = kernels.group_trace({"traceEvents": ev})
+    assert g["count"]["gguf_moe"] == 8 and g["count"]["gguf_dense"] == 1, g["count"]   # the fused norm is MoE too
+
+
 def test_decode_window_counts_only_tokens_while_every_stream_decodes():
     # stream A: first token at 1.0, then every 0.1 s to 3.0; stream B starts at 1.5 and ends at 2.5
     a = [1.0 + 0.1 * i for i in range(21)]

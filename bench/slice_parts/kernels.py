@@ -46,8 +46,8 @@ _RULES: tuple[tuple[str, str], ...] = (
     # _convert_req_index_to_global_index_kernel is the native arm's top-k → cache slot step, the shim's _convert_kernel)
     ("attention", r"mla|flash_fwd|concat_and_cache|cp_gather_and_upconvert|^_convert_(req_index_to_global_index_)?"
                   r"kernel|sparse_attn"),
-    ("gguf_moe", r"^_moe_kernel|^_silu_mul_splits_kernel|moe_q\d|moe_vec_q|moe_sum|moe_align|sort_expert|"
-                 r"count_and_sort|grouped_?topk|topk_?gating|topk_?softmax|topk_?sigmoid|topk_with_k2|"
+    ("gguf_moe", r"^_moe_kernel|^_mma_moe_kernel|^_silu_mul_splits_kernel|moe_q\d|moe_vec_q|moe_sum|moe_align|"
+                 r"sort_expert|count_and_sort|grouped_?topk|topk_?gating|topk_?softmax|topk_?sigmoid|topk_with_k2|"
                  r"group_idx_and_topk|noaux|router_gemm|fused_moe|moe_|moe::|moeTopK|moeSoftmax|moeSigmoid"),
     ("gguf_dense", r"^_linear_kernel|^_mma_kernel|^_dequant_kernel|mul_mat_vec_q|mul_mat_q|dequantize_block|"
                    r"quantize_q8_1|ggml"),
@@ -63,8 +63,9 @@ OTHER_KINDS = (("gemm (cuBLAS/CUTLASS)", re.compile(r"gemm|nvjet|cutlass|xmma|wg
                ("copy/fill", re.compile(r"copy|memcpy|memset|fill|cat_|index|gather|scatter", re.IGNORECASE)))
 # kernels placed by their neighbours on the stream (module docstring)
 _QUANTIZE_Q8_1 = re.compile(r"quantize_q8_1")
-_SPLIT_K_PRODUCER = re.compile(r"^_linear_kernel|^_moe_kernel|^_mma_kernel")
-# the register-MMA kernel serves dense linears and both MoE passes: a MoE pass is next to the SiLU of its split sums
+_SPLIT_K_PRODUCER = re.compile(r"^_linear_kernel|^_moe_kernel|^_mma_(moe_)?kernel")
+# before session 7 the register-MMA kernel served dense linears and both MoE passes under one name: a MoE pass was
+# next to the SiLU of its split sums (since, MoE passes launch as _mma_moe_kernel)
 _MMA = re.compile(r"^_mma_kernel")
 _SILU_SPLITS = re.compile(r"^_silu_mul_splits_kernel")
 _SUM = re.compile(r"reduce_kernel.*sum_fun", re.IGNORECASE)

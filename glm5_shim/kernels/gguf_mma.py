@@ -672,6 +672,20 @@ def _mma_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_p
             gl.atomic_xchg(counter_ptr + tile, 0, sem="relaxed", scope="gpu")   # ready for the next launch
 
 
+def _renamed(fn, name: str):
+    """The Python function fn under another name (Triton names the compiled kernel after it)."""
+    import types
+    copy = types.FunctionType(fn.__code__, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+    copy.__qualname__, copy.__module__, copy.__doc__ = name, fn.__module__, fn.__doc__
+    return copy
+
+
+# The same kernel, named for MoE passes: a profile (bench/slice_parts/kernels.py) tells a MoE's launches from dense
+# linears' by the kernel's name, which is all a CUDA graph's trace keeps (the interpreter re-reads the source, which
+# names it _mma_kernel: there it is the same object)
+_mma_moe_kernel = _mma_kernel if INTERPRET_K.value else jit(_renamed(_mma_kernel.fn, "_mma_moe_kernel"))
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # host side
 # ----------------------------------------------------------------------------------------------------------------
@@ -739,7 +753,7 @@ def launch(x, w, out, *, qtype: int, n: int, num_valid: int, num_blocks: int, sp
             raise ValueError(f"a gated launch needs gate and up tiles of {bn} rows: N = {n}")
         arrivals.check_tiles(grid[0] // 2 if gated else grid[0])
         counter = arrivals.counters(x.device)
-    _mma_kernel[grid](
+    (_mma_moe_kernel if moe else _mma_kernel)[grid](
         x, w, out, route_w if route_w is not None else out, sorted_ids if sorted_ids is not None else out,
         expert_ids if expert_ids is not None else out, num_padded if num_padded is not None else out,
         final if final is not None else out, counter, grid_table if grid_table is not None else w, num_valid, n,
@@ -802,7 +816,8 @@ def kernel_configs() -> list[dict]:
     cfgs = []
     for qtype in KERNEL_TYPES:
         for what, moe, weighted, routing, epilogue, out in variants:
-            cfgs.append(dict(name=f"mma {gguf.GGMLQuantizationType(qtype).name.lower()} {what}", kernel=_mma_kernel,
+            cfgs.append(dict(name=f"mma {gguf.GGMLQuantizationType(qtype).name.lower()} {what}",
+                             kernel=_mma_moe_kernel if moe else _mma_kernel,
                              signature={**sig, "out_ptr": out},
                              constexprs=dict(QTYPE=qtype, WARPS=MMA_TUNING["num_warps"], REPS=MMA_TUNING["reps"],
                                              MOE=moe, ROUTE_WEIGHTED=weighted, ROUTING=routing.value,

@@ -16,7 +16,8 @@ import torch
 from glm5_shim.gguf.kernel_coverage import SHIM_KERNEL_TYPES
 
 pytestmark = pytest.mark.gpu
-COMPILED_KERNELS = ("_linear_kernel", "_moe_kernel", "_silu_mul_splits_kernel", "_mma_kernel")  # decode: register-MMA
+COMPILED_KERNELS = ("_linear_kernel", "_moe_kernel", "_silu_mul_splits_kernel", "_mma_kernel",
+                    "_mma_moe_kernel")
 
 U = {torch.bfloat16: 2.0 ** -9, torch.float16: 2.0 ** -12}
 # every type the kernels read (kernel_coverage: pure, no kernel import)

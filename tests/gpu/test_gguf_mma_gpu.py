@@ -11,7 +11,7 @@ import pytest
 import torch
 
 pytestmark = pytest.mark.gpu
-COMPILED_KERNELS = ("_mma_kernel",)
+COMPILED_KERNELS = ("_mma_kernel", "_mma_moe_kernel")
 U = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
 
 
