@@ -74,7 +74,7 @@ ENV_SWITCHES = {
     "GLM5_SHIM_INDEXER": "auto | triton: force the shim's Triton indexer on any GPU",
     "GLM5_SHIM_GGUF_KERNELS": "shim | vllm: GGUF matmuls on the shim's kernels (default) or vLLM's ggml kernels",
     "GLM5_SHIM_GGUF_DECODE": "mma | tile: decode-sized GGUF matmuls on the register-MMA kernels (default; Q4_K, Q5_K, "
-                             "Q6_K, Q8_0 MoE) or the tile kernels",
+                             "Q6_K, Q8_0, IQ2_XXS MoE) or the tile kernels",
     "GLM5_SHIM_GGUF_SPLITS": "kernel | launch: decode-sized GGUF matmuls split over K summed by their own last "
                              "program (default) or by a separate launch",
     "GLM5_SHIM_CACHE": "where tokenizers rebuilt from GGUFs are kept (default ~/.cache/glm5_shim)",

@@ -1,4 +1,5 @@
-"""Decode-sized GGUF matmuls with the weights fed to tensor cores straight from registers (Gluon; Q4_K, Q5_K, Q6_K).
+"""Decode-sized GGUF matmuls with the weights fed to tensor cores straight from registers (Gluon; Q4_K, Q5_K, Q6_K,
+Q8_0, IQ2_XXS).
 
 Why: the tile kernels of :mod:`gguf_matmul` decode a weight tile in one register layout and ``tl.dot`` wants it in
 another, so every decoded weight went through shared memory and a barrier, and each weight cost ~8 SASS
@@ -30,8 +31,14 @@ One kernel serves a dense linear (tokens are rows of x) and a MoE pass (rows gro
 over ``program_id(1)`` for decode-sized calls; partial sums go to float32 planes the caller adds.  Loads of the
 next half super-block are issued before the current one is decoded (Gluon has no automatic pipeliner).
 
-GPU-tested on the H200 (tests/gpu/test_gguf_mma_gpu.py) and 1.1-2.5x faster than the tile kernels' MoE decode there
-(bench/RESULTS.md, 2026-12-02 session 6): the plans in :mod:`gguf_matmul` use it by default
+IQ2_XXS: a thread's 32 values are one sub-block (4 grid rows of 8), each word of 4 magnitudes gathered from the grid
+table, the sub-block's sign nibbles multiplied into the 16-bit sign bits (X_ORDER_IQ, _iq2xxs_asm).
+
+Split-K launches can sum their own splits (EPILOGUE, kernels/arrivals.py), and a MoE pass can skip the routing
+layout (ROUTING: PAIRS for w13, TOKEN_SUM for w2 with the top-k sum inside), so a decode MoE is two launches.
+
+GPU-tested on the H200 (tests/gpu/test_gguf_mma_gpu.py) and 1.1-5x faster than the tile kernels' MoE decode there
+(bench/RESULTS.md, sessions 6 and 7): the plans in :mod:`gguf_matmul` use it by default
 (``GLM5_SHIM_GGUF_DECODE=tile`` for the tile kernels); dense linears only for kernel_coverage.MMA_LINEAR_TYPES.
 """
 
