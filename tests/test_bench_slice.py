@@ -542,7 +542,10 @@ def test_parts_serve_alone_on_the_gpu_with_the_profiler_armed(tmp_path):
     cfg = json.loads(extra[extra.index("--profiler-config") + 1])
     assert cfg["profiler"] == "torch" and Path(cfg["torch_profiler_dir"]).is_absolute()
     assert cfg["ignore_frontend"] and not cfg["torch_profiler_with_stack"]
-    assert [p.key for p in parts.PARTS.values()] == list("abcdefgh")
+    assert [p.key for p in parts.PARTS.values()] == list("abcdefghi")
+    assert parts.PARTS["i"].env == {"GLM5_SHIM_GGUF_SPLITS": "launch"} and parts.PARTS["a"].env == {}
+    assert parts.PARTS["g"].env == {"GLM5_SHIM_GGUF_DECODE": "tile"}
+    assert parts.PARTS["i"].server_key != parts.PARTS["h"].server_key
     assert parts.PARTS["c"].kernels == "vllm" and parts.PARTS["b"].path == "native"
     g, h = parts.PARTS["g"], parts.PARTS["h"]
     assert g.decode == "tile" and h.decode == "mma" and g.server_key != h.server_key

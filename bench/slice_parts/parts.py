@@ -43,13 +43,20 @@ class Part:
     steps: tuple[str, ...]
     kernels: str = "shim"  # shim | vllm (GLM5_SHIM_GGUF_KERNELS)
     decode: str = "mma"  # mma | tile (GLM5_SHIM_GGUF_DECODE)
+    splits: str = "kernel"  # kernel | launch (GLM5_SHIM_GGUF_SPLITS)
     concurrency: tuple[int, ...] = (1, 8, 32, 64)
     in_len: int = 2048
     est_s: int = 180  # expected wall time with a fresh server (start-up included), for --budget-s
 
     @property
     def server_key(self) -> tuple:
-        return (self.slice, self.path, self.kernels, self.decode)
+        return (self.slice, self.path, self.kernels, self.decode, self.splits)
+
+    @property
+    def env(self) -> dict:
+        """The switches this part sets beyond the arm's (defaults are left unset)."""
+        return ({} if self.decode == "mma" else {"GLM5_SHIM_GGUF_DECODE": self.decode}) | (
+            {} if self.splits == "kernel" else {"GLM5_SHIM_GGUF_SPLITS": self.splits})
 
 
 PARTS = {p.key: p for p in (
@@ -70,6 +77,9 @@ PARTS = {p.key: p for p in (
          ("startup", "decode"), decode="tile", concurrency=(1, 32), est_s=120),
     Part("h", "rank-of-8 Q4_K_M, shim arm, register-MMA decode (the default)", "r8-Q4_K_M", "shim",
          ("startup", "decode"), concurrency=(1, 32), est_s=120),
+    # the split sums A/B against a or h on one machine: separate reduction launches (session 6's MoE and linears)
+    Part("i", "rank-of-8 Q4_K_M, shim arm, split sums by launch (GLM5_SHIM_GGUF_SPLITS=launch)", "r8-Q4_K_M", "shim",
+         ("startup", "decode", "profile"), splits="launch", concurrency=(1, 32), est_s=170),
 )}
 
 
@@ -223,7 +233,7 @@ class Runner:
         arm = SliceArm(f"{part.key}-{part.slice}-{part.path}" + ("-kernels-off" if part.kernels != "shim" else ""),
                        part.slice, "auto", part.path, port=self.args.base_port + self.servers_started,
                        kernels=part.kernels, server_key=part.server_key, trace_dir=trace_dir,
-                       extra_env={} if part.decode == "mma" else {"GLM5_SHIM_GGUF_DECODE": part.decode})
+                       extra_env=part.env)
         limits, extra = serve_flags(trace_dir)
         self.servers_started += 1
         start(arm, {part.slice: self.results["slices"][part.slice]["path"]}, self.out, 1, extra=extra, limits=limits)
