@@ -242,7 +242,7 @@ def bench_dense(type_names, tokens, bw, peak, gen, vg, rows):
                     sms = torch.cuda.get_device_properties(0).multi_processor_count
                     tplan = gm.linear_plan(t, n, k, sms)   # an explicit plan: the tile kernels
                     tile = gm.gguf_linear(x, ws[0], qt, plan=tplan)
-                    table = gm.grid_table(qt, x.device) if qt == gm.IQ2_XXS else None
+                    table = gm.grid_table(qt, x.device) if qt in gguf_mma.GRID_TYPES else None
                     mine = gguf_mma.linear(x, ws[0], qt, n, sms, grid_table=table)
                     row["mma_rel_err_vs_tile"] = ((mine.float() - tile.float()).norm() / tile.float().norm()).item()
                     row["tile_us"] = graph_us([lambda w=w: gm.gguf_linear(x, w, qt, plan=tplan) for w in ws] * 2)

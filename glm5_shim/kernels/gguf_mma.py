@@ -55,14 +55,18 @@ Q4_K = int(gguf.GGMLQuantizationType.Q4_K)
 Q5_K = int(gguf.GGMLQuantizationType.Q5_K)
 Q6_K = int(gguf.GGMLQuantizationType.Q6_K)
 IQ2_XXS = int(gguf.GGMLQuantizationType.IQ2_XXS)
+IQ2_S = int(gguf.GGMLQuantizationType.IQ2_S)
 MMA_TYPES = MMA_DECODE_TYPES          # what the plans run here (kernel_coverage: GPU-tested and measured faster)
-KERNEL_TYPES = (Q4_K, Q6_K, Q5_K, Q8_0, IQ2_XXS)   # what the kernel computes
+KERNEL_TYPES = (Q4_K, Q6_K, Q5_K, Q8_0, IQ2_XXS, IQ2_S)   # what the kernel computes
+GRID_TYPES = (IQ2_XXS, IQ2_S)   # the types whose launches take the grid table (gguf_matmul.grid_table)
 TOKENS = 8                         # the MMA's N: routed rows (MoE) or activation rows (linear) a program multiplies
 SB_VALUES = gl.constexpr(256)      # values of a K-quant super-block
 # Super-blocks the device code steps through (gguf.GGML_QUANT_SIZES; its byte counts are literals there): Q4_K 144 B:
 # d, dmin, 12 scale bytes, 128 code bytes; Q5_K 176 B: the same with 32 high-bit bytes before the codes; Q6_K 210 B:
 # 128 bytes of low nibbles, 64 of high bits, 16 int8 scales, d; Q8_0 272 B: 8 blocks of (d, 32 int8 codes);
-# IQ2_XXS 66 B: d, then per 32 values 4 grid indices (bytes) and a word of 4 x 7 sign bits and a 4-bit scale
+# IQ2_XXS 66 B: d, then per 32 values 4 grid indices (bytes) and a word of 4 x 7 sign bits and a 4-bit scale;
+# IQ2_S 82 B: d, 32 bytes of the grid indices' low 8 bits, 32 sign bytes, 8 bytes of their high 2 bits, 8 scale
+# bytes (a nibble per 16 values)
 
 # Dimension orders of the two permutations (see the module docstring).  A: codes [rows, 4, 4, 4] viewed as bits
 # (row, p5, p4, p3, p2, p1, p0) of the byte p, reordered so that dimension j + 1 is bit 5 - j of the dot's k:
@@ -91,7 +95,8 @@ _NEG = {(False, Q4_K): 0xC300, (True, Q4_K): 0xE400,    # -128, -1024
         (False, Q5_K): 0xC300, (True, Q5_K): 0xE400,
         (False, Q6_K): 0xC320, (True, Q6_K): 0xE420,    # -160, -1056
         (False, Q8_0): 0xBF80, (True, Q8_0): 0xE480,    # -1 (bf16: x - y, see _decode_asm), -1152
-        (False, IQ2_XXS): 0xC300, (True, IQ2_XXS): 0xE400}
+        (False, IQ2_XXS): 0xC300, (True, IQ2_XXS): 0xE400,
+        (False, IQ2_S): 0xC300, (True, IQ2_S): 0xE400}
 
 
 def _pair(h: int) -> str:
@@ -108,8 +113,8 @@ def _decode_asm(qtype: int, fp16: bool) -> str:
     code and ors in the magic number, one FMA with 1.0 removes it (exact), one more applies the scale."""
     fma = "fma.rn.f16x2" if fp16 else "fma.rn.bf16x2"
     magic, one, neg = _pair(_MAGIC[fp16]), _pair(_ONE[fp16]), _pair(_NEG[(fp16, qtype)])
-    if qtype == IQ2_XXS:
-        return _iq2xxs_asm(fma, magic, one, neg)
+    if qtype in (IQ2_XXS, IQ2_S):
+        return _iq_asm(fma, magic, one, neg, two_scales=qtype == IQ2_S)
     lines = [".reg .b32 t0, t1, u0, u1, u2, u3, one, neg;", f"mov.b32 one, {one};", f"mov.b32 neg, {neg};",
              "prmt.b32 t0, $4, 0, 0x4140;", "prmt.b32 t1, $4, 0, 0x4342;"]
     if qtype == Q4_K:
@@ -161,9 +166,10 @@ def _decode_asm(qtype: int, fp16: bool) -> str:
     return "{\n" + "\n".join(lines) + "\n}"
 
 
-def _iq2xxs_asm(fma: str, magic: str, one: str, neg: str) -> str:
-    """IQ2_XXS: grid magnitudes of the low ($4) and high ($5) words, their sign nibbles in the low bits of $6, $7
-    (bit e: element e of the word negative), the sub-block's scale $8 $9 -> weights ($0 $1 low, $2 $3 high).  A
+def _iq_asm(fma: str, magic: str, one: str, neg: str, two_scales: bool) -> str:
+    """IQ2_XXS, IQ2_S: grid magnitudes of the low ($4) and high ($5) words, their sign nibbles in the low bits of $6,
+    $7 (bit e: element e of the word negative), the scale $8 $9 (IQ2_S: of the low half; the high half's $10 $11)
+    -> weights ($0 $1 low, $2 $3 high).  A
     magnitude is exact in the magic number's mantissa, the scale multiplies it (one rounding), and its sign bit is
     xor-ed in: the sign nibble times 0x40008000 puts elements 0 and 1 at bits 15 and 31 (0x10002000: elements 2 and
     3), what the mask 0x80008000 keeps of it."""
@@ -172,7 +178,7 @@ def _iq2xxs_asm(fma: str, magic: str, one: str, neg: str) -> str:
     for src, (a, b) in (("$4", ("u0", "u1")), ("$5", ("u2", "u3"))):
         lines += [f"prmt.b32 t0, {src}, 0, 0x4140;", f"prmt.b32 t1, {src}, 0, 0x4342;",
                   f"lop3.b32 {a}, t0, 0x00FF00FF, {magic}, 0xEA;", f"lop3.b32 {b}, t1, 0x00FF00FF, {magic}, 0xEA;"]
-    for j, s_reg in enumerate(("$8", "$9", "$8", "$9")):
+    for j, s_reg in enumerate(("$8", "$9", "$10", "$11") if two_scales else ("$8", "$9", "$8", "$9")):
         lines += [f"{fma} u{j}, u{j}, one, neg;", f"{fma} u{j}, u{j}, {s_reg}, zero;"]
     for signs, (a, b), (oa, ob) in (("$6", ("u0", "u1"), ("$0", "$1")), ("$7", ("u2", "u3"), ("$2", "$3"))):
         lines += [f"and.b32 sg, {signs}, 15;",
@@ -191,6 +197,8 @@ _ASM_Q8_FP16 = gl.constexpr(_decode_asm(Q8_0, True))
 _ASM_Q6K_FP16 = gl.constexpr(_decode_asm(Q6_K, True))
 _ASM_IQ2XXS_BF16 = gl.constexpr(_decode_asm(IQ2_XXS, False))
 _ASM_IQ2XXS_FP16 = gl.constexpr(_decode_asm(IQ2_XXS, True))
+_ASM_IQ2S_BF16 = gl.constexpr(_decode_asm(IQ2_S, False))
+_ASM_IQ2S_FP16 = gl.constexpr(_decode_asm(IQ2_S, True))
 
 
 @constexpr_function  # called while the kernel compiles (a plain function there would be refused), or on the host
@@ -214,7 +222,8 @@ def layouts(num_warps: int, reps: int, qtype: int = Q4_K) -> tuple:
         warp_bases=warp_rows, block_bases=[], shape=[bn, 4, 4, 4])
     # which bit of the value v the "nibble" and the slot's bits p4, p5 are (see X_ORDER_*)
     nibble, p4, p5 = {Q6_K: ([0, 64], [0, 16], [0, 32]), Q8_0: ([0, 64], [0, 16], [0, 32]),
-                      IQ2_XXS: ([0, 16], [0, 32], [0, 64])}.get(qtype, ([0, 32], [0, 16], [0, 64]))
+                      IQ2_XXS: ([0, 16], [0, 32], [0, 64]),
+                      IQ2_S: ([0, 16], [0, 32], [0, 64])}.get(qtype, ([0, 32], [0, 16], [0, 64]))
     acts = DistributedLinearLayout(
         reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], nibble],
         lane_bases=[p4, p5, [1, 0], [2, 0], [4, 0]],
@@ -362,12 +371,47 @@ def _iq2xxs_weights(aux0, aux1, d, grid_ptr, L4: tl.constexpr, BF16: tl.constexp
     hi = gl.load(gp + ((a0 >> (8 * row_lo + 16)) & 255) * 2 + half)
     s_lo = (_ksign_byte((a1 >> (7 * row_lo)) & 127) >> (4 * half)) & 15          # sign nibble of each word
     s_hi = (_ksign_byte((a1 >> (7 * row_lo + 14)) & 127) >> (4 * half)) & 15
+    d32 = d.to(gl.float16, bitcast=True).to(gl.float32)
+    scale = d32 * (0.5 + ((aux1 >> 28) & 15).to(gl.float32)) * 0.25
+    return _iq_weights(lo, hi, s_lo, s_hi, scale, scale, L4, BF16, False)
+
+
+@jit
+def _iq2s_weights(qsw, sgw, qh, sc, d, grid_ptr, L4: tl.constexpr, BF16: tl.constexpr):
+    """IQ2_S's 32 weights of sub-block slot of each row, as _iq2xxs_weights: grid row l's index is byte l of the
+    low-bits word | bits 2l, 2l + 1 of qh above them (1024 rows), its signs byte l of the sign word, and the low
+    half (rows 0-1) takes the scale byte's low nibble, the high half its high nibble."""
+    LWORD: tl.constexpr = gl.SliceLayout(3, L4)
+    word = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, LWORD))), 0),
+                          1)                                                     # [1, 1, 4]
+    row_lo = word >> 1
+    half = word & 1
+    q3 = gl.expand_dims(qsw, 2)
+    g3 = gl.expand_dims(sgw, 2)
+    h3 = gl.expand_dims(qh, 2)
+    gp = grid_ptr.to(gl.pointer_type(gl.int32))
+    idx_lo = ((q3 >> (8 * row_lo)) & 255) | (((h3 >> (2 * row_lo)) & 3) << 8)
+    idx_hi = ((q3 >> (8 * row_lo + 16)) & 255) | (((h3 >> (2 * row_lo + 4)) & 3) << 8)
+    lo = gl.load(gp + idx_lo * 2 + half)
+    hi = gl.load(gp + idx_hi * 2 + half)
+    s_lo = (g3 >> (8 * row_lo + 4 * half)) & 15
+    s_hi = (g3 >> (8 * row_lo + 16 + 4 * half)) & 15
+    d32 = d.to(gl.float16, bitcast=True).to(gl.float32)
+    return _iq_weights(lo, hi, s_lo, s_hi, d32 * (0.5 + (sc & 15).to(gl.float32)) * 0.25,
+                       d32 * (0.5 + ((sc >> 4) & 15).to(gl.float32)) * 0.25, L4, BF16, True)
+
+
+@jit
+def _iq_weights(lo, hi, s_lo, s_hi, scale_lo, scale_hi, L4: tl.constexpr, BF16: tl.constexpr,
+                TWO_SCALES: tl.constexpr):
+    """Magnitude words [BN, 4, 4] of the low and high halves, their sign nibbles, float32 scales [BN, 4] -> (low,
+    high) weights [BN, 4, 4, 4] in the activation dtype (the scales rounded to it first, then the product)."""
     if BF16:
         dt: tl.constexpr = gl.bfloat16
     else:
         dt: tl.constexpr = gl.float16
-    scale = (d.to(gl.float16, bitcast=True).to(gl.float32) * (0.5 + ((aux1 >> 28) & 15).to(gl.float32))
-             * 0.25).to(dt)
+    sc_lo = scale_lo.to(dt)
+    sc_hi = scale_hi.to(dt)
     lo_b = _bytes(lo, L4)
     hi_b = _bytes(hi, L4)
     if INTERPRET_K:   # the same numbers without PTX
@@ -375,19 +419,28 @@ def _iq2xxs_weights(aux0, aux1, d, grid_ptr, L4: tl.constexpr, BF16: tl.constexp
         e = gl.expand_dims(gl.expand_dims(gl.expand_dims(byte, 0), 1), 2)
         sign_lo = 1.0 - 2.0 * ((gl.expand_dims(s_lo, 3) >> e) & 1).to(gl.float32)
         sign_hi = 1.0 - 2.0 * ((gl.expand_dims(s_hi, 3) >> e) & 1).to(gl.float32)
-        sc = _broadcast_like(scale, lo_b).to(gl.float32)
-        return ((lo_b.to(gl.float32) * sc * sign_lo).to(dt), (hi_b.to(gl.float32) * sc * sign_hi).to(dt))
+        return ((lo_b.to(gl.float32) * _broadcast_like(sc_lo, lo_b).to(gl.float32) * sign_lo).to(dt),
+                (hi_b.to(gl.float32) * _broadcast_like(sc_hi, lo_b).to(gl.float32) * sign_hi).to(dt))
     else:
         sg_lo = gl.broadcast(gl.expand_dims(s_lo, 3), lo_b)[0].to(gl.uint8)
         sg_hi = gl.broadcast(gl.expand_dims(s_hi, 3), lo_b)[0].to(gl.uint8)
-        if BF16:
-            asm: tl.constexpr = _ASM_IQ2XXS_BF16
+        if TWO_SCALES:
+            if BF16:
+                asm: tl.constexpr = _ASM_IQ2S_BF16
+            else:
+                asm: tl.constexpr = _ASM_IQ2S_FP16
+            return gl.inline_asm_elementwise(asm, "=r,=r,=r,=r,r,r,r,r,r,r,r,r",
+                                             [lo_b, hi_b, sg_lo, sg_hi, _broadcast_like(sc_lo, lo_b),
+                                              _broadcast_like(sc_hi, lo_b)], (sc_lo.dtype, sc_lo.dtype),
+                                             is_pure=True, pack=4)
         else:
-            asm: tl.constexpr = _ASM_IQ2XXS_FP16
-        return gl.inline_asm_elementwise(asm, "=r,=r,=r,=r,r,r,r,r,r,r",
-                                         [lo_b, hi_b, sg_lo, sg_hi, _broadcast_like(scale, lo_b)],
-                                         (scale.dtype, scale.dtype),
-                                         is_pure=True, pack=4)
+            if BF16:
+                asm: tl.constexpr = _ASM_IQ2XXS_BF16
+            else:
+                asm: tl.constexpr = _ASM_IQ2XXS_FP16
+            return gl.inline_asm_elementwise(asm, "=r,=r,=r,=r,r,r,r,r,r,r",
+                                             [lo_b, hi_b, sg_lo, sg_hi, _broadcast_like(sc_lo, lo_b)],
+                                             (sc_lo.dtype, sc_lo.dtype), is_pure=True, pack=4)
 
 
 @jit
@@ -398,7 +451,7 @@ def _half_dot(acc, w_lo, w_hi, xt, QTYPE: tl.constexpr, BN: tl.constexpr, ACC: t
     B_DOT: tl.constexpr = gl.DotOperandLayout(operand_index=1, parent=ACC, k_width=2)
     if QTYPE == 14 or QTYPE == 8:
         xb = gl.permute(gl.reshape(xt, [8, 2, 2, 2, 2, 2, 2, 2]), X_ORDER_Q6K.value)
-    elif QTYPE == 16:
+    elif QTYPE == 16 or QTYPE == 22:
         xb = gl.permute(gl.reshape(xt, [8, 2, 2, 2, 2, 2, 2, 2]), X_ORDER_IQ.value)
     else:
         xb = gl.permute(gl.reshape(xt, [8, 2, 2, 2, 2, 2, 2, 2]), X_ORDER_Q4K.value)
@@ -456,6 +509,19 @@ def _load_half(QTYPE: tl.constexpr, rowp, slot, word, act_p, x_ok, sb, HF: tl.co
         aux1 = (gl.load(ap + 2).to(gl.int32) & 0xFFFF) | (gl.load(ap + 3).to(gl.int32) << 16)
         d = gl.load((base + slot * 0).to(gl.pointer_type(gl.int16)))
         return aux0, aux1, d, aux0, aux0, aux0, xt
+    elif QTYPE == 22:
+        # sub-block ib = 4 HF + slot: index low bytes and sign bytes of its 4 grid rows (16-bit loads), the index
+        # high bits and the two scales (a byte each)
+        base = rowp + sb * 82
+        ib = 4 * HF + slot
+        qp = (base + 2 + 4 * ib).to(gl.pointer_type(gl.int16))
+        sp = (base + 34 + 4 * ib).to(gl.pointer_type(gl.int16))
+        qsw = (gl.load(qp).to(gl.int32) & 0xFFFF) | (gl.load(qp + 1).to(gl.int32) << 16)
+        sgw = (gl.load(sp).to(gl.int32) & 0xFFFF) | (gl.load(sp + 1).to(gl.int32) << 16)
+        qh = gl.load(base + 66 + ib).to(gl.int32)
+        sc = gl.load(base + 74 + ib).to(gl.int32)
+        d = gl.load((base + slot * 0).to(gl.pointer_type(gl.int16)))
+        return qsw, sgw, qh, sc, d, qsw, xt
     elif QTYPE == 8:
         # values 64 j + p of the half (j = 0, 1) are code 2 + (p & 31) of block 4 HF + 2 j + p5: 2-byte aligned
         base = rowp + sb * 272 + 34 * (4 * HF + slot // 2)                   # the block of j = 0, [BN, 4]
@@ -486,6 +552,8 @@ def _consume_half(acc, QTYPE: tl.constexpr, stage, slot, HF: tl.constexpr, BN: t
     w0, w1, w2, w3, w4, w5, xt = stage
     if QTYPE == 16:
         w_lo, w_hi = _iq2xxs_weights(w0, w1, w2, grid_ptr, L4, BF16)
+    elif QTYPE == 22:
+        w_lo, w_hi = _iq2s_weights(w0, w1, w2, w3, w4, grid_ptr, L4, BF16)
     elif QTYPE == 12 or QTYPE == 13:
         a_lo, b_lo, a_hi, b_hi = _q4k_scales(w1, w2, w3, w4, slot, HF, BF16)
         if QTYPE == 13:  # bit 2c of high-bit byte l is value l's fifth bit in group 2c: to bits 0 (low), 1 (high)
@@ -724,7 +792,7 @@ def covers(qtype: int, k: int, dtype, types: tuple = MMA_TYPES) -> bool:
 
 
 # bytes: Q4_K/Q5_K rows are read as int32 words, the others int16
-ROW_ALIGN = {Q4_K: 4, Q5_K: 4, Q6_K: 2, Q8_0: 2, IQ2_XXS: 2}
+ROW_ALIGN = {Q4_K: 4, Q5_K: 4, Q6_K: 2, Q8_0: 2, IQ2_XXS: 2, IQ2_S: 2}
 
 
 def aligned(w, qtype: int) -> bool:

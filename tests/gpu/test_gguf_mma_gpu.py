@@ -27,7 +27,7 @@ def _mods():
     return gm, ref, mma
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K", "Q8_0", "IQ2_XXS"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K", "Q8_0", "IQ2_XXS", "IQ2_S"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_linear_within_bound(name, dtype):
     gm, ref, mma = _mods()
@@ -36,9 +36,9 @@ def test_linear_within_bound(name, dtype):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for n, k, quantized in ((333, 1024, False), (2624, 6144, True)):   # the float64 bound is built on the host
         w = (ref.quantized_blocks(qtype, torch.randn(n, k, generator=g) * 0.02)
-             if quantized and qtype != gm.IQ2_XXS else ref.random_blocks(qtype, n, k, g))
+             if quantized and qtype not in mma.GRID_TYPES else ref.random_blocks(qtype, n, k, g))
         wd, w64 = w.cuda(), ref.dequantize(w, qtype, k)
-        table = gm.grid_table(qtype, wd.device) if qtype == gm.IQ2_XXS else None
+        table = gm.grid_table(qtype, wd.device) if qtype in mma.GRID_TYPES else None
         for m in (1, 2, 3, 7, 8):
             x = torch.randn(m, k, generator=g).to(dtype)
             got = mma.linear(x.cuda(), wd, qtype, n, sms, grid_table=table)
@@ -50,7 +50,7 @@ def test_linear_within_bound(name, dtype):
 
 @pytest.mark.parametrize("types", [("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q6_K", "Q4_K"), ("Q4_K", "Q8_0"),
                                    ("Q5_K", "Q5_K"), ("Q4_K", "Q2_K"), ("Q3_K", "Q6_K"), ("IQ2_XXS", "IQ2_XXS"),
-                                   ("IQ2_XXS", "Q4_K")])
+                                   ("IQ2_XXS", "Q4_K"), ("IQ2_XXS", "IQ2_S")])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_moe_decode(types, dtype):
     gm, ref, mma = _mods()

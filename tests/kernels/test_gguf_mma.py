@@ -56,14 +56,14 @@ def test_permuted_k_orders_pair_every_code_with_its_activation():
 _LINEAR_CASES = [(n, b) for n in ("Q4_K", "Q5_K", "Q6_K", "Q8_0") for b in ("random", "quantizer")]
 
 
-@pytest.mark.parametrize("name,blocks", _LINEAR_CASES + [("IQ2_XXS", "random")])   # gguf-py quantizes no IQ2_XXS
+@pytest.mark.parametrize("name,blocks", _LINEAR_CASES + [("IQ2_XXS", "random"), ("IQ2_S", "random")])  # no quantizer
 def test_linear_within_bound(name, blocks):
     qtype = getattr(gm, name)
     g = torch.Generator().manual_seed(3 + (blocks == "random") + qtype)
     n, k = 200, 1024                      # 200: two row tiles, the second partly outside the weight
     w = (ref.random_blocks(qtype, n, k, g) if blocks == "random"
          else ref.quantized_blocks(qtype, torch.randn(n, k, generator=g) * 0.02))
-    table = gm.grid_table(qtype, w.device) if qtype == gm.IQ2_XXS else None
+    table = gm.grid_table(qtype, w.device) if qtype in mma.GRID_TYPES else None
     for m, num_sms in ((1, 4), (5, 1), (8, 16)):   # 1 SM: no split; 16: a split a super-block
         x = torch.randn(m, k, generator=g).half()
         got = mma.linear(x, w, qtype, n, num_sms, grid_table=table)
@@ -93,7 +93,7 @@ def test_linear_dispatch_follows_the_switch(monkeypatch):
 
 @pytest.mark.parametrize("types", [("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q6_K", "Q8_0"), ("Q8_0", "Q4_K"),
                                    ("Q5_K", "Q5_K"), ("Q4_K", "Q2_K"), ("Q3_K", "Q6_K"), ("IQ2_XXS", "IQ2_XXS"),
-                                   ("IQ2_XXS", "Q4_K")])
+                                   ("IQ2_XXS", "Q4_K"), ("IQ2_XXS", "IQ2_S"), ("IQ2_S", "IQ2_S")])
 def test_moe_decode(types):
     """Both passes on the register-MMA kernels, or one of them (the other on the tile kernel with its own
     routing layout); one expert hot or routings spread; float64 reference."""

@@ -120,13 +120,15 @@ def test_decode_ptx_gives_every_weight_bit_for_bit(name, fp16):
 
 
 @pytest.mark.parametrize("fp16", [False, True], ids=["bf16", "fp16"])
-def test_iq2xxs_ptx_gives_every_weight_bit_for_bit(fp16):
-    """IQ2_XXS: grid magnitudes (the grid's 8, 25, 43, and any other below 128: bf16's magic number 128 holds 7
-    bits) times the scale, with the sign nibble's bit e negating element e of its word; the sign registers hold
-    the nibble's byte four times, as the kernel packs them."""
+@pytest.mark.parametrize("name", ["IQ2_XXS", "IQ2_S"])
+def test_iq2_ptx_gives_every_weight_bit_for_bit(name, fp16):
+    """IQ2_XXS, IQ2_S: grid magnitudes (the grids' 8, 25, 43, and any other below 128: bf16's magic number 128 holds
+    7 bits) times the scale (IQ2_S: the low and the high half each their own), with the sign nibble's bit e negating
+    element e of its word; the sign registers hold the nibble's byte four times, as the kernel packs them."""
     from glm5_shim.kernels import gguf_matmul as gm
-    assert gm.grid_table(mma.IQ2_XXS, __import__("torch").device("cpu")).max() < 128   # what the kernel relies on
-    rng = np.random.default_rng(16 + fp16)
+    qtype = getattr(mma, name)
+    assert gm.grid_table(qtype, __import__("torch").device("cpu")).max() < 128   # what the kernel relies on
+    rng = np.random.default_rng(qtype + fp16)
     n = 4096
     mags = rng.integers(0, 128, size=(2, 4, n)).astype(np.uint32)          # [low/high word, element, lane]
     mags[:, :, :3] = np.array([8, 25, 43], dtype=np.uint32)[None, None, :]
@@ -134,18 +136,19 @@ def test_iq2xxs_ptx_gives_every_weight_bit_for_bit(fp16):
     nibbles = rng.integers(0, 16, size=(2, n)).astype(np.uint32)
     nibbles[:, :16] = np.arange(16)
     signs = [nb * np.uint32(0x01010101) for nb in nibbles]               # the byte repeated, as packed
-    s = [_pairs(rng, n, fp16) for _ in range(2)]
-    regs = {"$4": words[0], "$5": words[1], "$6": signs[0], "$7": signs[1], "$8": s[0], "$9": s[1]}
-    out = run(mma._decode_asm(mma.IQ2_XXS, fp16), regs, fp16)
+    s = [_pairs(rng, n, fp16) for _ in range(4)]   # IQ2_XXS reads s[0], s[1] for both halves
+    regs = {"$4": words[0], "$5": words[1], "$6": signs[0], "$7": signs[1], "$8": s[0], "$9": s[1], "$10": s[2],
+            "$11": s[3]}
+    out = run(mma._decode_asm(qtype, fp16), regs, fp16)
     for reg, word, pair in (("$0", 0, 0), ("$1", 0, 1), ("$2", 1, 0), ("$3", 1, 1)):
         for half in range(2):
             e = 2 * pair + half
             sh = np.uint32(16 * half)
-            sc = _value((s[pair] >> sh) & np.uint32(0xFFFF), fp16)
+            sc = _value((s[pair + (2 * word if qtype == mma.IQ2_S else 0)] >> sh) & np.uint32(0xFFFF), fp16)
             neg = (nibbles[word] >> np.uint32(e)) & np.uint32(1)
             want = _round_bits(sc * mags[word, e].astype(np.float64), fp16) | (neg << np.uint32(15))
             got = (out[reg] >> sh) & np.uint32(0xFFFF)
-            np.testing.assert_array_equal(got, want, err_msg=f"IQ2_XXS {reg} half {half}")
+            np.testing.assert_array_equal(got, want, err_msg=f"{name} {reg} half {half}")
 
 
 def test_the_fma_executor_is_not_vacuous():
