@@ -660,6 +660,21 @@ def _q45_step(acc, xp, m_ok, wp, i, QTYPE: tl.constexpr, BF16: tl.constexpr, F32
 
 
 @triton.jit
+def _last_to_arrive(counter, arrivals):
+    """Count this program in at ``counter`` (kernels/arrivals.py); True for the last of ``arrivals`` programs.  The
+    barrier first: every thread's plane stores happen before the release, and the acquire makes the others' visible
+    to the program that reads them all."""
+    tl.debug_barrier()
+    return tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == arrivals - 1
+
+
+@triton.jit
+def _reset(counter):
+    """The last program sets its tile's counter back to zero, ready for the next launch."""
+    tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
 def _linear_kernel(x_ptr, w_ptr, grid_ptr, out_ptr, final_ptr, counter_ptr, M, N, stride_xm, stride_wn, stride_os,
                    stride_om, stride_fm, steps_per_split, num_steps, QTYPE: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, REDUCE: tl.constexpr):
@@ -697,14 +712,13 @@ def _linear_kernel(x_ptr, w_ptr, grid_ptr, out_ptr, final_ptr, counter_ptr, M, N
     if REDUCE:
         splits = tl.num_programs(2)
         tile = pid_m * tl.num_programs(1) + pid_n
-        tl.debug_barrier()   # every thread's plane stores before the release
-        if tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu") == splits - 1:
+        if _last_to_arrive(counter_ptr + tile, splits):
             total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for sp in range(splits):
                 total += tl.load(op + (sp - pid_s) * stride_os, mask=mask, other=0.0, cache_modifier=".cg")
             fp = final_ptr + offs_m.to(tl.int64)[:, None] * stride_fm + offs_n[None, :]
             tl.store(fp, total.to(final_ptr.dtype.element_ty), mask=mask)
-            tl.atomic_xchg(counter_ptr + tile, 0, sem="relaxed", scope="gpu")   # ready for the next launch
+            _reset(counter_ptr + tile)
 
 
 @triton.jit
@@ -806,8 +820,7 @@ def _moe_kernel(x_ptr, w_ptr, grid_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, ex
     if REDUCE:   # the planes are written: count this program in; the last of the gate/up tile pair gates the sums
         half_n = num_n // 2
         tile = pid_m * half_n + pid_n % half_n
-        tl.debug_barrier()   # every thread's plane stores before the release
-        if tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu") == 2 * tl.num_programs(1) - 1:
+        if _last_to_arrive(counter_ptr + tile, 2 * tl.num_programs(1)):
             f = (pid_n % half_n) * BLOCK_N + tl.arange(0, BLOCK_N)
             half_mask = ok[:, None] & (f < N // 2)[None, :]
             gp = out_ptr + ids[:, None] * stride_om + f[None, :]
@@ -818,7 +831,7 @@ def _moe_kernel(x_ptr, w_ptr, grid_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, ex
                 u += tl.load(gp + sp * stride_os + N // 2, mask=half_mask, other=0.0, cache_modifier=".cg")
             tl.store(final_ptr + ids[:, None] * stride_fm + f[None, :],
                      (g / (1.0 + tl.exp(-g)) * u).to(final_ptr.dtype.element_ty), mask=half_mask)
-            tl.atomic_xchg(counter_ptr + tile, 0, sem="relaxed", scope="gpu")   # ready for the next launch
+            _reset(counter_ptr + tile)
 
 
 @triton.jit
