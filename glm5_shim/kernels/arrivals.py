@@ -27,12 +27,8 @@ def counters(device: torch.device) -> torch.Tensor:
     return buf
 
 
-def in_kernel() -> bool:
-    """Whether split planes are summed by the tile's last program (GLM5_SHIM_GGUF_SPLITS=kernel, the default) or
-    by a separate launch (``launch``: the escape hatch, and what the kernels did before)."""
-    return settings.gguf_split_reduce_choice() == "kernel"
-
-
-def check_tiles(tiles: int) -> None:
-    if tiles > COUNTER_SLOTS:
-        raise ValueError(f"a self-reducing launch of {tiles} tiles: only {COUNTER_SLOTS} arrival counters")
+def in_kernel(tiles: int) -> bool:
+    """Whether a launch of ``tiles`` tiles sums its split planes in its own last programs: GLM5_SHIM_GGUF_SPLITS=kernel
+    (the default) and enough counters; otherwise (``launch``, the escape hatch and what the kernels did before, or a
+    launch too large to count) a separate launch sums them."""
+    return settings.gguf_split_reduce_choice() == "kernel" and tiles <= COUNTER_SLOTS

@@ -1006,9 +1006,7 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int, n: int | Non
     grid = (triton.cdiv(m, plan["BLOCK_M"]), triton.cdiv(n, plan["BLOCK_N"]), split)
     # the tile's last program sums the planes for 16-row tiles (H200: q_a+kv_a Q4_K at 1 row 13.4 µs against 15.5
     # with a sum launch); 64-row tiles keep the sum launch (32 rows: 34 µs a call against 24, slice a, session 7)
-    reduce = split > 1 and plan["BLOCK_M"] <= SELF_REDUCING_MAX_BLOCK_M and arrivals.in_kernel()
-    if reduce:
-        arrivals.check_tiles(grid[0] * grid[1])
+    reduce = split > 1 and plan["BLOCK_M"] <= SELF_REDUCING_MAX_BLOCK_M and arrivals.in_kernel(grid[0] * grid[1])
     _linear_kernel[grid](x, qweight, _grid_arg(qtype, qweight), dst, out,
                          arrivals.counters(x.device) if reduce else out, m, n, x.stride(0), qweight.stride(0),
                          dst.stride(0) if split > 1 else 0, dst.stride(-2), out.stride(0), plan["steps_per_split"],
@@ -1119,8 +1117,6 @@ def _tile_pass(a, w, qtype: int, out, route, plan: dict, *, n: int, split: int, 
     sorted_ids, expert_ids, num_padded = route
     bn = bn or plan["BLOCK_N"]
     grid = (expert_ids.numel() * triton.cdiv(n, bn), split)
-    if final is not None:
-        arrivals.check_tiles(grid[0] // 2)
     _moe_kernel[grid](
         a, w, _grid_arg(qtype, w), out, route_w if route_w is not None else a, sorted_ids, expert_ids, num_padded,
         final if final is not None else out, arrivals.counters(a.device) if final is not None else out, n,
@@ -1186,8 +1182,10 @@ def _moe_decode(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan: dict,
     else:
         split, per = _split(busy * triton.cdiv(two_i, plan["BLOCK_N"]), h // STEP_K, num_sms, plan["ctas_per_sm"])
         part = torch.empty(split, pairs, two_i, dtype=torch.float32, device=x.device)
-        gated = fused and inter % plan["BLOCK_N"] == 0 and arrivals.in_kernel()
-        _tile_pass(x, w13, qtype13, part, sorted_route(plan["BLOCK_M"]), plan, n=two_i, split=split, per_split=per,
+        route = sorted_route(plan["BLOCK_M"])
+        gated = (fused and inter % plan["BLOCK_N"] == 0
+                 and arrivals.in_kernel(route[1].numel() * triton.cdiv(inter, plan["BLOCK_N"])))
+        _tile_pass(x, w13, qtype13, part, route, plan, n=two_i, split=split, per_split=per,
                    num_valid=pairs, a_row_div=top_k, final=act if gated else None)
         if not gated:
             _silu_mul_splits_kernel[(pairs, triton.cdiv(inter, SILU_BLOCK))](

@@ -820,14 +820,12 @@ def launch(x, w, out, *, qtype: int, n: int, num_valid: int, num_blocks: int, sp
     num_sb = x.shape[1] // SB_VALUES.value
     units = top_k * num_sb if routing == TOKEN_SUM.value else num_sb
     grid = (num_blocks * -(-n // bn), split)
-    separate = final is not None and not arrivals.in_kernel()   # GLM5_SHIM_GGUF_SPLITS=launch: summed below
+    if final is not None and gated and n % (2 * bn):
+        raise ValueError(f"a gated launch needs gate and up tiles of {bn} rows: N = {n}")
+    # summed below, in separate launches: GLM5_SHIM_GGUF_SPLITS=launch, or more tiles than counters
+    separate = final is not None and not arrivals.in_kernel(grid[0] // 2 if gated else grid[0])
     epilogue = STORE.value if final is None or separate else (REDUCE_SILU.value if gated else REDUCE.value)
-    counter = out
-    if epilogue != STORE.value:
-        if gated and n % (2 * bn):
-            raise ValueError(f"a gated launch needs gate and up tiles of {bn} rows: N = {n}")
-        arrivals.check_tiles(grid[0] // 2 if gated else grid[0])
-        counter = arrivals.counters(x.device)
+    counter = arrivals.counters(x.device) if epilogue != STORE.value else out
     (_mma_moe_kernel if moe else _mma_kernel)[grid](
         x, w, out, route_w if route_w is not None else out, sorted_ids if sorted_ids is not None else out,
         expert_ids if expert_ids is not None else out, num_padded if num_padded is not None else out,

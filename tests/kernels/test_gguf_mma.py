@@ -149,12 +149,14 @@ def test_moe_decode_in_two_launches(monkeypatch, direct, splits):
     assert not arrivals.counters(x.device).any()
 
 
-@pytest.mark.parametrize("splits", ["kernel", "launch"])
+@pytest.mark.parametrize("splits", ["kernel", "launch", "few counters"])
 def test_split_k_linears_reduce_in_the_kernel_or_in_a_launch(monkeypatch, splits):
     """Dense decode products split over K (the register-MMA kernel for Q4_K, the tile kernel for Q8_0 and Q2_K):
-    the last program of each tile sums the planes (kernel) or a separate launch does (launch); same numbers
-    within the bound, every counter back at zero."""
-    monkeypatch.setenv("GLM5_SHIM_GGUF_SPLITS", splits)
+    the last program of each tile sums the planes (kernel) or a separate launch does (launch, or a launch with more
+    tiles than counters); same numbers within the bound, every counter back at zero."""
+    monkeypatch.setenv("GLM5_SHIM_GGUF_SPLITS", "launch" if splits == "launch" else "kernel")
+    if splits == "few counters":
+        monkeypatch.setattr(arrivals, "COUNTER_SLOTS", 1)
     g = torch.Generator().manual_seed(5)
     n, k = 150, 1024
     for qtype in (mma.Q4_K, mma.Q8_0, gm.Q2_K):
