@@ -355,25 +355,29 @@ def _ksign_byte(index):
 
 
 @jit
+def _word_rows(L4: tl.constexpr):
+    """([1, 1, 4] tensors) the grid row within its half (word >> 1) and the half of that row (word & 1) that each
+    code word w of a sub-block's low half covers (the high half: rows 2 + (w >> 1))."""
+    LWORD: tl.constexpr = gl.SliceLayout(3, L4)
+    word = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, LWORD))), 0), 1)
+    return word >> 1, word & 1
+
+
+@jit
 def _iq2xxs_weights(aux0, aux1, d, grid_ptr, L4: tl.constexpr, BF16: tl.constexpr):
     """The 32 weights of sub-block slot of each row ([BN, 4] index and sign/scale words, d) as (low, high)
     [BN, 4, 4, 4]: word w of the low half is bytes 4 (w & 1) .. + 3 of grid row w >> 1 (high: row 2 + (w >> 1)),
     one 32-bit gather from the grid table each; scale d (0.5 + top 4 bits) / 4 rounded to the activation dtype."""
-    LWORD: tl.constexpr = gl.SliceLayout(3, L4)
-    word = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, LWORD))), 0),
-                          1)                                                     # [1, 1, 4]
-    row_lo = word >> 1
-    half = word & 1
+    row_lo, half = _word_rows(L4)
     a0 = gl.expand_dims(aux0, 2)
     a1 = gl.expand_dims(aux1, 2)
-    gp = grid_ptr.to(gl.pointer_type(gl.int32))
-    lo = gl.load(gp + ((a0 >> (8 * row_lo)) & 255) * 2 + half)                   # [BN, 4, 4] magnitude words
-    hi = gl.load(gp + ((a0 >> (8 * row_lo + 16)) & 255) * 2 + half)
+    idx_lo = (a0 >> (8 * row_lo)) & 255
+    idx_hi = (a0 >> (8 * row_lo + 16)) & 255
     s_lo = (_ksign_byte((a1 >> (7 * row_lo)) & 127) >> (4 * half)) & 15          # sign nibble of each word
     s_hi = (_ksign_byte((a1 >> (7 * row_lo + 14)) & 127) >> (4 * half)) & 15
     d32 = d.to(gl.float16, bitcast=True).to(gl.float32)
     scale = d32 * (0.5 + ((aux1 >> 28) & 15).to(gl.float32)) * 0.25
-    return _iq_weights(lo, hi, s_lo, s_hi, scale, scale, L4, BF16, False)
+    return _iq_weights(idx_lo, idx_hi, half, grid_ptr, s_lo, s_hi, scale, scale, L4, BF16, False)
 
 
 @jit
@@ -381,31 +385,28 @@ def _iq2s_weights(qsw, sgw, qh, sc, d, grid_ptr, L4: tl.constexpr, BF16: tl.cons
     """IQ2_S's 32 weights of sub-block slot of each row, as _iq2xxs_weights: grid row l's index is byte l of the
     low-bits word | bits 2l, 2l + 1 of qh above them (1024 rows), its signs byte l of the sign word, and the low
     half (rows 0-1) takes the scale byte's low nibble, the high half its high nibble."""
-    LWORD: tl.constexpr = gl.SliceLayout(3, L4)
-    word = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, LWORD))), 0),
-                          1)                                                     # [1, 1, 4]
-    row_lo = word >> 1
-    half = word & 1
+    row_lo, half = _word_rows(L4)
     q3 = gl.expand_dims(qsw, 2)
     g3 = gl.expand_dims(sgw, 2)
     h3 = gl.expand_dims(qh, 2)
-    gp = grid_ptr.to(gl.pointer_type(gl.int32))
     idx_lo = ((q3 >> (8 * row_lo)) & 255) | (((h3 >> (2 * row_lo)) & 3) << 8)
     idx_hi = ((q3 >> (8 * row_lo + 16)) & 255) | (((h3 >> (2 * row_lo + 4)) & 3) << 8)
-    lo = gl.load(gp + idx_lo * 2 + half)
-    hi = gl.load(gp + idx_hi * 2 + half)
     s_lo = (g3 >> (8 * row_lo + 4 * half)) & 15
     s_hi = (g3 >> (8 * row_lo + 16 + 4 * half)) & 15
     d32 = d.to(gl.float16, bitcast=True).to(gl.float32)
-    return _iq_weights(lo, hi, s_lo, s_hi, d32 * (0.5 + (sc & 15).to(gl.float32)) * 0.25,
+    return _iq_weights(idx_lo, idx_hi, half, grid_ptr, s_lo, s_hi, d32 * (0.5 + (sc & 15).to(gl.float32)) * 0.25,
                        d32 * (0.5 + ((sc >> 4) & 15).to(gl.float32)) * 0.25, L4, BF16, True)
 
 
 @jit
-def _iq_weights(lo, hi, s_lo, s_hi, scale_lo, scale_hi, L4: tl.constexpr, BF16: tl.constexpr,
-                TWO_SCALES: tl.constexpr):
-    """Magnitude words [BN, 4, 4] of the low and high halves, their sign nibbles, float32 scales [BN, 4] -> (low,
-    high) weights [BN, 4, 4, 4] in the activation dtype (the scales rounded to it first, then the product)."""
+def _iq_weights(idx_lo, idx_hi, half, grid_ptr, s_lo, s_hi, scale_lo, scale_hi, L4: tl.constexpr,
+                BF16: tl.constexpr, TWO_SCALES: tl.constexpr):
+    """Grid rows [BN, 4, 4] of the low and high halves' words (word half ``half`` of each row: one 32-bit gather),
+    their sign nibbles, float32 scales [BN, 4] -> (low, high) weights [BN, 4, 4, 4] in the activation dtype (the
+    scales rounded to it first, then the product)."""
+    gp = grid_ptr.to(gl.pointer_type(gl.int32))
+    lo = gl.load(gp + idx_lo * 2 + half)                                         # [BN, 4, 4] magnitude words
+    hi = gl.load(gp + idx_hi * 2 + half)
     if BF16:
         dt: tl.constexpr = gl.bfloat16
     else:
