@@ -1168,17 +1168,13 @@ def _moe_decode(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan: dict,
         if direct:
             route, blocks, routing = (None, ids_flat, None, None), pairs, gguf_mma.PAIRS.value
         else:
-            route, blocks, routing = (*sorted_route(gguf_mma.TOKENS), None), None, gguf_mma.SORTED.value
+            route, routing = (*sorted_route(gguf_mma.TOKENS), None), gguf_mma.SORTED.value
             blocks = route[1].numel()
         part = torch.empty(split, pairs, two_i, dtype=torch.float32, device=x.device)
         gated = fused and inter % bn == 0
         gguf_mma.launch(x, w13, part, qtype=qtype13, n=two_i, num_valid=pairs, num_blocks=blocks, split=split,
                         sb_per_split=per, a_row_div=top_k, route=route, routing=routing,
                         final=act if gated else None, gated=gated, grid_table=_grid_arg(qtype13, w13), tuning=tuning)
-        if not gated:
-            _silu_mul_splits_kernel[(pairs, triton.cdiv(inter, SILU_BLOCK))](
-                part, act, split, inter, part.stride(0), part.stride(1), act.stride(0), BLOCK=SILU_BLOCK,
-                num_warps=4)
     else:
         split, per = _split(busy * triton.cdiv(two_i, plan["BLOCK_N"]), h // STEP_K, num_sms, plan["ctas_per_sm"])
         part = torch.empty(split, pairs, two_i, dtype=torch.float32, device=x.device)
@@ -1187,10 +1183,9 @@ def _moe_decode(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan: dict,
                  and arrivals.in_kernel(route[1].numel() * triton.cdiv(inter, plan["BLOCK_N"])))
         _tile_pass(x, w13, qtype13, part, route, plan, n=two_i, split=split, per_split=per,
                    num_valid=pairs, a_row_div=top_k, final=act if gated else None)
-        if not gated:
-            _silu_mul_splits_kernel[(pairs, triton.cdiv(inter, SILU_BLOCK))](
-                part, act, split, inter, part.stride(0), part.stride(1), act.stride(0), BLOCK=SILU_BLOCK,
-                num_warps=4)
+    if not gated:   # the w13 launch left its split planes: SiLU(gate) * up of their sums in a launch of its own
+        _silu_mul_splits_kernel[(pairs, triton.cdiv(inter, SILU_BLOCK))](
+            part, act, split, inter, part.stride(0), part.stride(1), act.stride(0), BLOCK=SILU_BLOCK, num_warps=4)
     if mma2 and direct:
         units = top_k * (inter // 256)
         split, per = gguf_mma.splits(t * -(-h // bn), units, num_sms, tuning)
