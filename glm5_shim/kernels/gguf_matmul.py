@@ -1063,12 +1063,14 @@ MOE_DECODE_MAX_ROWS_PER_EXPERT = 4  # up to here: split-K w13 then SiLU; above: 
 MOE_DIRECT_MAX_TOKENS = 4
 
 
-def moe_plan(num_tokens: int, top_k: int, num_experts: int, tuning: dict | None = None) -> dict:
+def moe_plan(num_tokens: int, top_k: int, num_experts: int, tuning: dict | None = None,
+             decode: bool | None = None) -> dict:
     """Launch plan of :func:`gguf_moe`.  While experts see a few rows each (decode) the w13 pass is split over K
     like a decode linear (SiLU applied after the split sum); once experts are shared by many tokens, 16-row
-    blocks waste the MMAs, so rows come in larger blocks and gate/up are fused with SiLU in one tile."""
+    blocks waste the MMAs, so rows come in larger blocks and gate/up are fused with SiLU in one tile.  ``decode``
+    forces the regime (the bench's A/B of the two above the threshold)."""
     rows_per_expert = num_tokens * top_k / num_experts
-    if rows_per_expert <= MOE_DECODE_MAX_ROWS_PER_EXPERT:
+    if decode if decode is not None else rows_per_expert <= MOE_DECODE_MAX_ROWS_PER_EXPERT:
         t = {**DECODE_TUNING, "BLOCK_M": 16, "BLOCK_N_W2": DECODE_TUNING["BLOCK_N"], "fused_gate": False,
              **(tuning or {})}
     else:
