@@ -749,10 +749,13 @@ def _mma_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_p
 
 
 def _renamed(fn, name: str):
-    """The Python function fn under another name (Triton names the compiled kernel after it)."""
+    """The Python function fn under another name (Triton names the compiled kernel after it).  The annotations
+    travel too: they are what makes a parameter a constexpr (without them WARPS, QTYPE... became run-time scalars
+    and the launch failed to compile, while offline compiles, which name the constexprs, passed)."""
     import types
     copy = types.FunctionType(fn.__code__, fn.__globals__, name, fn.__defaults__, fn.__closure__)
     copy.__qualname__, copy.__module__, copy.__doc__ = name, fn.__module__, fn.__doc__
+    copy.__annotations__, copy.__kwdefaults__ = dict(fn.__annotations__), fn.__kwdefaults__
     return copy
 
 

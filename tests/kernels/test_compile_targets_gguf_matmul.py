@@ -32,7 +32,10 @@ _SCRIPT = textwrap.dedent(
         source = GluonASTSource if cfg.get("gluon") else triton.compiler.ASTSource
         src = source(kernel, sig, constexprs=cfg["constexprs"], attrs=attrs)
         rec = {"name": cfg["name"], "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"],
-               "gluon": bool(cfg.get("gluon"))}
+               "gluon": bool(cfg.get("gluon")),
+               # named here as constexprs, but a run-time launch would pass them as scalars (compiles below, fails
+               # on the GPU): the kernel object itself must declare them
+               "not_constexpr": sorted(set(cfg["constexprs"]) - {names[i] for i in kernel.constexprs})}
         try:
             k = triton.compile(src, target=GPUTarget("cuda", cc, 32),
                                options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
@@ -55,6 +58,8 @@ _SCRIPT = textwrap.dedent(
 @pytest.mark.parametrize("cc", TARGETS)
 def test_gguf_matmul_configs_compile(cc, repo_root):
     recs = compile_records(_SCRIPT, cc, repo_root)
+    runtime_scalars = [(r["name"], r["not_constexpr"]) for r in recs if r["not_constexpr"]]
+    assert not runtime_scalars, runtime_scalars
     failed = [r for r in recs if not r["ok"]]
     assert not failed, json.dumps(failed, indent=1)
     too_big = [r for r in recs if r["shared"] > SMEM_LIMIT]
