@@ -102,7 +102,7 @@ def arm_name(model: str, path: str, k: int) -> str:
 SLICE_MODEL = "slice-mtp"  # --slice: GLM-5's real sizes (make-slice --rank-of 8 --mtp), random weights
 
 
-def all_arms(paths: list[str], ks: list[int], slice_preset: str = "") -> list[Arm]:
+def all_arms(paths: list[str], ks: list[int], slice_preset: str = "", kv: str = "auto") -> list[Arm]:
     """Per path: the peaked-mtp model at K=0 and every K, the random-MTP control at K=1; with a slice preset the
     slice at K=0 and every K instead (its random MTP layer accepts almost nothing: what it measures is the cost of
     a speculative step where the step is GPU time, and greedy equality at real sizes)."""
@@ -111,7 +111,7 @@ def all_arms(paths: list[str], ks: list[int], slice_preset: str = "") -> list[Ar
     for path in paths:
         for model, model_ks in models:
             for k in model_ks:
-                arm = Arm(arm_name(model, path, k), model, "auto", path)  # Arm.quant names the model here
+                arm = Arm(arm_name(model, path, k), model, kv, path)  # Arm.quant names the model here
                 arm.k = k
                 arms.append(arm)
     return arms
@@ -154,7 +154,8 @@ def summarize(results: dict) -> list[tuple[str, bool | None, str]]:
 
 def report(results: dict) -> str:
     rows = [f"# MTP speculative decoding ({results.get('date', '')}, {results.get('gpu', '')})", "",
-            f"command: `{results.get('command', '')}`", "", "| check | result | detail |", "|---|---|---|"]
+            f"command: `{results.get('command', '')}`; model {results.get('quant', '?')}, KV cache "
+            f"{results.get('kv_cache_dtype', 'auto')}", "", "| check | result | detail |", "|---|---|---|"]
     for check, ok, detail in summarize(results):
         rows.append(f"| {check} | {'-' if ok is None else 'PASS' if ok else 'FAIL'} | {detail} |")
     rows += throughput_lines(results)
@@ -219,9 +220,10 @@ def run(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ks = [int(k) for k in args.k.split(",")]
-    arms = all_arms(args.paths.split(","), ks, args.slice)
+    arms = all_arms(args.paths.split(","), ks, args.slice, args.kv)
     results = {"date": time.strftime("%Y-%m-%d %H:%M"), "gpu": gpu_name(), "command": " ".join(sys.argv),
-               "tp": args.tp, "dtype": args.dtype or "auto", "arms": {}}
+               "tp": args.tp, "dtype": args.dtype or "auto", "kv_cache_dtype": args.kv, "quant": args.quant,
+               "arms": {}}
     model_args = dict(MODEL_ARGS)
     if args.tp > 1:  # every down projection must split into whole Q4_K blocks on every rank (as bench/e2e.py)
         model_args.update(intermediate=max(512, 256 * args.tp), moe_intermediate=256 * args.tp)
@@ -293,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--paths", default="shim,native", help="shim (the SM120 code path forced), native, or both")
     r.add_argument("--quant", default="Q8_0", choices=["Q8_0", "Q4_K", "F16", "BF16"])
     r.add_argument("--dtype", default="", choices=["", "auto", "float16", "bfloat16"])
+    r.add_argument("--kv", default="auto", choices=["auto", "fp8_ds_mla"], help="--kv-cache-dtype of every server")
     r.add_argument("--tp", type=int, default=1)
     r.add_argument("--base-port", type=int, default=8300)
     r.add_argument("--start-timeout", type=float, default=600)

@@ -82,6 +82,9 @@ def test_arms_and_a_server_that_failed():
     results = {"arms": {"peaked-shim-k1": {"model": "peaked", "path": "shim", "k": 1, "error": "RuntimeError: x"}}}
     assert mtp.summarize(results) == [("peaked-shim-k1 served", False, "RuntimeError: x")]
     assert json.loads(mtp.speculative_config(3)) == {"method": "mtp", "num_speculative_tokens": 3}
+    # every server of a run takes --kv's cache dtype (the fp8_ds_mla arms of #17)
+    assert {a.kv for a in mtp.all_arms(["shim", "native"], [1])} == {"auto"}
+    assert {a.kv for a in mtp.all_arms(["shim", "native"], [1], kv="fp8_ds_mla")} == {"fp8_ds_mla"}
 
 
 @pytest.mark.parametrize("args, message", [(["run", "--out", "x", "--tp", "3"], "does not divide"),
