@@ -16,12 +16,12 @@ SHIM_KERNEL_TYPES = (int(_T.Q4_K), int(_T.Q6_K), int(_T.Q5_K), int(_T.Q8_0), int
                      int(_T.Q5_1))
 # Up to how many tokens vLLM's vector MoE kernel beats the shim's tile kernels, by the type of w13 (H200, TP-8
 # expert shapes, bench/RESULTS.md 2026-12-02 session 6): the 1-3-bit IQ grids cost the tile kernels 11-17
-# instructions a weight, so there vLLM wins to T = 32 (IQ2_S 59 vs 107 µs at T = 1, 1237 vs 1677 at 32) and the
-# shim from T = 256 (2657 vs 9742); IQ4_XS to T = 8 (326 vs 338), the shim from 32 (903 vs 1227).  IQ4_NL shares
-# IQ4_XS's decode and was not measured apart.  Where vLLM's kernels are trusted with the activations, such calls go
-# to vLLM.  Not IQ3_S: see VLLM_MISDECODED_TYPES.  Not IQ2_XXS: on the register-MMA kernel since session 7 (28 vs
-# vLLM's 64 µs at T = 1, 330 vs 1390 at 32).
-VLLM_MOE_DECODE_TOKENS = {int(_T.IQ2_S): 32, int(_T.IQ3_XXS): 32, int(_T.IQ2_XS): 32,
+# instructions a weight, so there vLLM wins to T = 32 (IQ2_S's tiles: 107 vs 59 µs at T = 1, 1677 vs 1237 at 32)
+# and the shim from T = 256 (2657 vs 9742); IQ4_XS to T = 8 (326 vs 338), the shim from 32 (903 vs 1227).  IQ4_NL
+# shares IQ4_XS's decode and was not measured apart.  Where vLLM's kernels are trusted with the activations, such
+# calls go to vLLM.  Not IQ3_S: see VLLM_MISDECODED_TYPES.  Not IQ2_XXS and IQ2_S: on the register-MMA kernel (IQ2_XXS
+# since session 7: 28 vs vLLM's 64 µs at T = 1, 330 vs 1390 at 32; IQ2_S since session 8: 31 vs 59, 359 vs 1238).
+VLLM_MOE_DECODE_TOKENS = {int(_T.IQ3_XXS): 32, int(_T.IQ2_XS): 32,
                           int(_T.IQ1_S): 32, int(_T.IQ1_M): 32, int(_T.IQ4_XS): 8, int(_T.IQ4_NL): 8}
 # Types vLLM 0.23's ggml kernels decode wrongly, which the shim never hands them.  IQ3_S: vLLM's grid
 # (csrc/quantization/gguf/ggml-common.h, iq3xs_grid) is llama.cpp's from before March 2024, whose top level reads
@@ -30,12 +30,20 @@ VLLM_MOE_DECODE_TOKENS = {int(_T.IQ2_S): 32, int(_T.IQ3_XXS): 32, int(_T.IQ2_XS)
 VLLM_MISDECODED_TYPES = (int(_T.IQ3_S),)
 # Types whose decode-sized MoE passes run on the register-MMA kernels (kernels/gguf_mma.py) by default
 # (GLM5_SHIM_GGUF_DECODE=tile keeps the tile kernels).  Measured on the H200 (bench/RESULTS.md, 2026-12-02 session 6;
-# IQ2_XXS 2026-12-03 session 7): 1.1-2.5x faster than the tile kernels at TP-8 MoE shapes, T = 1-64 (IQ2_XXS 3.7-5x).
-MMA_DECODE_TYPES = (int(_T.Q4_K), int(_T.Q6_K), int(_T.Q5_K), int(_T.Q8_0), int(_T.IQ2_XXS))
+# IQ2_XXS 2026-12-03 session 7, IQ2_S session 8): 1.1-2.5x faster than the tile kernels at TP-8 MoE shapes, T = 1-64
+# (IQ2_XXS 3.7-5x, IQ2_S 3.5-4.6x).
+MMA_DECODE_TYPES = (int(_T.Q4_K), int(_T.Q6_K), int(_T.Q5_K), int(_T.Q8_0), int(_T.IQ2_XXS), int(_T.IQ2_S))
 # Of those, the types whose dense linears at 1-8 rows run there too: Q8_0's dense decode was as fast or faster on the
-# tile kernel (q_a+kv_a 24.4 vs 26.3 µs, session 7), the K-quants' 10-40 % and IQ2_XXS's 2.6-4x faster on the
-# register-MMA kernels.
-MMA_LINEAR_TYPES = (int(_T.Q4_K), int(_T.Q6_K), int(_T.Q5_K), int(_T.IQ2_XXS))
+# tile kernel (q_a+kv_a 24.4 vs 26.3 µs, session 7), the K-quants' 10-40 % and IQ2_XXS's and IQ2_S's 2.3-4x faster
+# on the register-MMA kernels (IQ2_S lm_head 66 vs 255 µs, q_a+kv_a 19 vs 44; session 8).
+MMA_LINEAR_TYPES = (int(_T.Q4_K), int(_T.Q6_K), int(_T.Q5_K), int(_T.IQ2_XXS), int(_T.IQ2_S))
+# Up to how many routed rows an expert (T x top_k / experts) a MoE whose two passes both run on the register-MMA
+# kernels stays in the decode regime (moe_align's 8-row blocks, each reading its expert's weights) instead of the
+# prefill tiles; a type not listed keeps the regimes' common threshold (gguf_matmul.MOE_DECODE_MAX_ROWS_PER_EXPERT).
+# H200, TP-8 shapes, session 8, µs at T = 256 (8 rows an expert): Q4_K 436 against the tiles' 844 (vLLM on bf16
+# weights 620), IQ2_XXS 702 / 2439, IQ2_S 798 / 2636; at T = 1024 (32 rows): Q4_K 1168 against 922 (the tiles win),
+# IQ2_XXS 2105 / 2520, IQ2_S 2487 / 2696.
+MMA_MOE_MAX_ROWS_PER_EXPERT = {int(_T.Q4_K): 8, int(_T.IQ2_XXS): 32, int(_T.IQ2_S): 32}
 K_MULTIPLE = 256  # the kernels step through K in half super-blocks; GLM-5's input widths are all multiples of 256
 
 

@@ -60,7 +60,7 @@ import triton
 import triton.language as tl
 
 from glm5_shim import settings
-from glm5_shim.gguf.kernel_coverage import K_MULTIPLE, MMA_LINEAR_TYPES, SHIM_KERNEL_TYPES
+from glm5_shim.gguf.kernel_coverage import K_MULTIPLE, MMA_LINEAR_TYPES, MMA_MOE_MAX_ROWS_PER_EXPERT, SHIM_KERNEL_TYPES
 from glm5_shim.kernels import arrivals, gguf_mma
 from glm5_shim.kernels.device import cuda_capability_and_sms
 
@@ -1096,7 +1096,8 @@ def gguf_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights:
     if t == 0:
         return out
     x = x if x.stride(-1) == 1 else x.contiguous()
-    plan = plan or moe_plan(t, top_k, e)
+    plan = plan or moe_plan(t, top_k, e,
+                            decode=_mma_regime(t * top_k / e, x.dtype, w13, w2, qtype13, qtype2, h, inter))
     if not plan["fused_gate"]:
         return _moe_decode(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan, align or moe_align, out)
     bm = plan["BLOCK_M"]
@@ -1109,6 +1110,18 @@ def gguf_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights:
     _tile_pass(act, w2, qtype2, down, (sorted_ids, expert_ids, num_padded), plan, n=h, split=1,
                per_split=inter // STEP_K, num_valid=pairs, route_w=topk_weights.reshape(-1), bn=plan["BLOCK_N_W2"])
     return torch.sum(down.view(t, top_k, h), dim=1, out=out)
+
+
+def _mma_regime(rows_per_expert: float, dtype, w13, w2, qtype13: int, qtype2: int, h: int, inter: int
+                ) -> bool | None:
+    """True where a MoE past the common decode threshold stays in the decode regime because both its passes run
+    on the register-MMA kernels and kernel_coverage.MMA_MOE_MAX_ROWS_PER_EXPERT says they are faster there; None
+    (moe_plan decides by the common threshold) otherwise."""
+    if rows_per_expert <= MOE_DECODE_MAX_ROWS_PER_EXPERT:
+        return None
+    limit = min(MMA_MOE_MAX_ROWS_PER_EXPERT.get(int(q), 0) for q in (qtype13, qtype2))
+    mma = mma_decode(qtype13, h, dtype, weight=w13) and mma_decode(qtype2, inter, dtype, weight=w2)
+    return True if mma and rows_per_expert <= limit else None
 
 
 def _tile_pass(a, w, qtype: int, out, route, plan: dict, *, n: int, split: int, per_split: int, num_valid: int,

@@ -149,6 +149,37 @@ def test_moe_decode_in_two_launches(monkeypatch, direct, splits):
     assert not arrivals.counters(x.device).any()
 
 
+def test_moe_past_the_decode_threshold_stays_on_the_register_mma_kernels_where_measured_faster(monkeypatch):
+    """6 rows an expert (16 tokens x top 3 of 8 experts), past MOE_DECODE_MAX_ROWS_PER_EXPERT: a Q4_K MoE and the
+    UD-IQ2_M mix stay in the decode regime on the register-MMA kernels (kernel_coverage.MMA_MOE_MAX_ROWS_PER_EXPERT),
+    sorted into 8-row blocks; Q4_K with a Q6_K down projection (Q6_K not measured there), and any MoE with
+    GLM5_SHIM_GGUF_DECODE=tile, take the prefill tiles; float64 reference either way."""
+    from glm5_shim.gguf.kernel_coverage import MMA_MOE_MAX_ROWS_PER_EXPERT
+
+    g = torch.Generator().manual_seed(77)
+    e, h, inter, top_k, t = 8, 512, 256, 3, 16
+    rows = t * top_k / e
+    assert gm.MOE_DECODE_MAX_ROWS_PER_EXPERT < rows <= MMA_MOE_MAX_ROWS_PER_EXPERT[gm.Q4_K]
+    launched = []
+    real = mma.launch
+    monkeypatch.setattr(mma, "launch", lambda *a, **kw: (launched.append(kw.get("routing", 0)), real(*a, **kw))[1])
+    for (q13, q2), decode, want_mma in ((("Q4_K", "Q4_K"), "mma", True), (("IQ2_XXS", "IQ2_S"), "mma", True),
+                                        (("Q4_K", "Q6_K"), "mma", False), (("Q4_K", "Q4_K"), "tile", False)):
+        monkeypatch.setenv("GLM5_SHIM_GGUF_DECODE", decode)
+        q13, q2 = getattr(gm, q13), getattr(gm, q2)
+        w13 = torch.stack([ref.random_blocks(q13, 2 * inter, h, g) for _ in range(e)])
+        w2 = torch.stack([ref.random_blocks(q2, h, inter, g) for _ in range(e)])
+        x = (torch.randn(t, h, generator=g) * 0.5).half()
+        ids = torch.stack([torch.randperm(e, generator=g)[:top_k] for _ in range(t)]).to(torch.int32)
+        wts = torch.rand(t, top_k, generator=g)
+        launched.clear()
+        got = gm.gguf_moe(x, w13, w2, wts, ids, q13, q2)
+        want = ref.moe_reference(x, w13, w2, wts, ids, q13, q2)
+        rel = ((got.double() - want).norm() / want.norm()).item()
+        assert rel <= 4e-3, (q13, q2, decode, rel)
+        assert launched == ([mma.SORTED.value] * 2 if want_mma else []), (q13, q2, decode, launched)
+
+
 @pytest.mark.parametrize("splits", ["kernel", "launch", "few counters"])
 def test_split_k_linears_reduce_in_the_kernel_or_in_a_launch(monkeypatch, splits):
     """Dense decode products split over K (the register-MMA kernel for Q4_K, the tile kernel for Q8_0 and Q2_K):
