@@ -40,17 +40,22 @@ MMA_LINEAR_TYPES = (int(_T.Q4_K), int(_T.Q6_K), int(_T.Q5_K), int(_T.IQ2_XXS), i
 # Up to how many routed rows an expert (T x top_k / experts) a MoE whose two passes both run on the register-MMA
 # kernels stays in the decode regime (moe_align's 8-row blocks, each reading its expert's weights) instead of the
 # prefill tiles; a type not listed keeps the regimes' common threshold (gguf_matmul.MOE_DECODE_MAX_ROWS_PER_EXPERT).
-# H200, TP-8 shapes, session 8, µs at T = 256 (8 rows an expert): Q4_K 436 against the tiles' 844 (vLLM on bf16
-# weights 620), IQ2_XXS 702 / 2439, IQ2_S 798 / 2636; at T = 1024 (32 rows): Q4_K 1168 against 922 (the tiles win),
-# IQ2_XXS 2105 / 2520, IQ2_S 2487 / 2696.
-MMA_MOE_MAX_ROWS_PER_EXPERT = {int(_T.Q4_K): 8, int(_T.IQ2_XXS): 32, int(_T.IQ2_S): 32}
+# H200, TP-8 shapes, session 8, µs register-MMA / tiles (vLLM on bf16 weights):
+#   T = 256 (8 rows an expert): Q4_K 434 / 844 (637), Q5_K 520 / 947 (636), Q6_K 826 / 2911 (635),
+#                               Q8_0 1175 / 1469 (635), IQ2_XXS 702 / 2439 (622), IQ2_S 798 / 2636 (620)
+#   T = 512 (16):               Q4_K 672 / 872 (657), Q5_K 845 / 966 (657), Q6_K 1369 / 2945 (657), Q8_0 1943 / 1492
+#   T = 1024 (32):              Q4_K 1168 / 922 (786), IQ2_XXS 2105 / 2520 (785), IQ2_S 2487 / 2696 (784)
+# (Q5_K and Q6_K at 32 rows were not measured: they stop at 16 like Q4_K.)
+MMA_MOE_MAX_ROWS_PER_EXPERT = {int(_T.Q4_K): 16, int(_T.Q5_K): 16, int(_T.Q6_K): 16, int(_T.Q8_0): 8,
+                               int(_T.IQ2_XXS): 32, int(_T.IQ2_S): 32}
 K_MULTIPLE = 256  # the kernels step through K in half super-blocks; GLM-5's input widths are all multiples of 256
 
 
 # A MoE whose w13 runs on the register-MMA kernel but whose w2 is an IQ type vLLM's vector kernel decodes faster
-# than the tile kernels (the UD-IQ2_M mix: IQ2_XXS gate/up, IQ2_S down): vLLM up to this many tokens.  Measured on
-# the rank-of-8 slice (session 7, H200): 1 token, shim 63 µs a layer (IQ2_XXS register-MMA 19 + IQ2_S tile 36 + align
-# and sum) against vLLM's 52; 32 tokens, shim 603 against vLLM's 1366.  Between 1 and 32 it was not measured.
+# than the tile kernels (e.g. IQ2_XXS gate/up with an IQ3_XXS down): vLLM up to this many tokens.  Measured on the
+# UD-IQ2_M mix of the rank-of-8 slice while its IQ2_S down ran on the tile kernel (session 7, H200): 1 token, shim
+# 63 µs a layer (IQ2_XXS register-MMA 19 + IQ2_S tile 36 + align and sum) against vLLM's 52; 32 tokens, shim 603
+# against vLLM's 1366.  That mix no longer meets the rule (IQ2_S is on the register-MMA kernel since session 8).
 MIXED_VLLM_MOE_DECODE_TOKENS = 1
 
 

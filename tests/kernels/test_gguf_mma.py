@@ -152,7 +152,7 @@ def test_moe_decode_in_two_launches(monkeypatch, direct, splits):
 def test_moe_past_the_decode_threshold_stays_on_the_register_mma_kernels_where_measured_faster(monkeypatch):
     """6 rows an expert (16 tokens x top 3 of 8 experts), past MOE_DECODE_MAX_ROWS_PER_EXPERT: a Q4_K MoE and the
     UD-IQ2_M mix stay in the decode regime on the register-MMA kernels (kernel_coverage.MMA_MOE_MAX_ROWS_PER_EXPERT),
-    sorted into 8-row blocks; Q4_K with a Q6_K down projection (Q6_K not measured there), and any MoE with
+    sorted into 8-row blocks; Q4_K with a Q2_K down projection (no register-MMA kernel for Q2_K), and any MoE with
     GLM5_SHIM_GGUF_DECODE=tile, take the prefill tiles; float64 reference either way."""
     from glm5_shim.gguf.kernel_coverage import MMA_MOE_MAX_ROWS_PER_EXPERT
 
@@ -164,7 +164,7 @@ def test_moe_past_the_decode_threshold_stays_on_the_register_mma_kernels_where_m
     real = mma.launch
     monkeypatch.setattr(mma, "launch", lambda *a, **kw: (launched.append(kw.get("routing", 0)), real(*a, **kw))[1])
     for (q13, q2), decode, want_mma in ((("Q4_K", "Q4_K"), "mma", True), (("IQ2_XXS", "IQ2_S"), "mma", True),
-                                        (("Q4_K", "Q6_K"), "mma", False), (("Q4_K", "Q4_K"), "tile", False)):
+                                        (("Q4_K", "Q2_K"), "mma", False), (("Q4_K", "Q4_K"), "tile", False)):
         monkeypatch.setenv("GLM5_SHIM_GGUF_DECODE", decode)
         q13, q2 = getattr(gm, q13), getattr(gm, q2)
         w13 = torch.stack([ref.random_blocks(q13, 2 * inter, h, g) for _ in range(e)])
