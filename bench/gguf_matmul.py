@@ -219,6 +219,11 @@ def bench_moe(tp: int, type_names, tokens, bw, peak, gen, vg, bf16_moe, rows):
         torch.cuda.empty_cache()
 
 
+# The dense mma arm runs to 64 rows (8 a program, each reading the weight: from L2 after the first), past the plans'
+# 8 (gguf_mma.TOKENS): where it beats the tile kernel is what would move that threshold
+DENSE_MMA_MAX_ROWS = 64
+
+
 def bench_dense(type_names, tokens, bw, peak, gen, vg, rows):
     for lname, (n, k) in DENSE_TP8.items():
         for name in type_names:
@@ -244,7 +249,7 @@ def bench_dense(type_names, tokens, bw, peak, gen, vg, rows):
                         row["vllm_gguf_error"] = f"{type(e).__name__}: {str(e)[:200]}"
                     row["vllm_bf16_us"] = graph_us([lambda w=w: x @ w.T for w in wbf] * 2)
                 row["shim_pct_floor"] = 100 * row["floor_us"] / row["shim_us"]
-                if gguf_mma.covers(qt, k, x.dtype, gguf_mma.KERNEL_TYPES) and t <= gguf_mma.TOKENS:  # mma arm
+                if gguf_mma.covers(qt, k, x.dtype, gguf_mma.KERNEL_TYPES) and t <= DENSE_MMA_MAX_ROWS:  # mma arm
                     sms = torch.cuda.get_device_properties(0).multi_processor_count
                     tplan = gm.linear_plan(t, n, k, sms)   # an explicit plan: the tile kernels
                     tile = gm.gguf_linear(x, ws[0], qt, plan=tplan)

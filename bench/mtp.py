@@ -22,9 +22,11 @@ DIR/mtp.md, one line per check:
     (draft_acceptance): peaked-mtp near 1, peaked near 0;
   * the seconds per output token with and without the draft (a tiny model: overhead-bound, for information);
   * output tokens/s at each --throughput concurrency, and the ratio to K=0 on the same path.
---slice PRESET serves a 4-layer rank-of-8 slice of GLM-5 at its real sizes with its MTP layer (make-slice --mtp)
-instead, at K=0 and every K: random weights accept almost no draft, so it measures what a speculative step costs
-where a step is GPU time (speed-up ~ (1 + accepted per step) / that cost) and greedy equality at real sizes.
+--slice PRESET serves a rank-of-8 slice of GLM-5 at its real sizes with its MTP layer (make-slice --mtp; 4 layers,
+or --slice-layers N) instead, at K=0 and every K: random weights accept almost no draft, so it measures what a
+speculative step costs where a step is GPU time (speed-up ~ (1 + accepted per step) / that cost) and greedy equality
+at real sizes.  --slice-peaked writes make-slice --peaked instead, whose MTP layer drafts the slice's own greedy
+tokens (acceptance near 1): the speed-up itself, on a model as deep as --slice-layers (78: one TP-8 rank of GLM-5).
 """
 from __future__ import annotations
 
@@ -100,13 +102,17 @@ def arm_name(model: str, path: str, k: int) -> str:
 
 
 SLICE_MODEL = "slice-mtp"  # --slice: GLM-5's real sizes (make-slice --rank-of 8 --mtp), random weights
+SLICE_PEAKED_MODEL = "slice-peaked-mtp"  # --slice with --slice-peaked: make-slice --peaked, its MTP drafts its tokens
+DRAFTING_MODELS = ("peaked-mtp", SLICE_PEAKED_MODEL)  # whose MTP layer should be accepted (the rest: almost never)
 
 
-def all_arms(paths: list[str], ks: list[int], slice_preset: str = "", kv: str = "auto") -> list[Arm]:
+def all_arms(paths: list[str], ks: list[int], slice_preset: str = "", kv: str = "auto",
+             slice_peaked: bool = False) -> list[Arm]:
     """Per path: the peaked-mtp model at K=0 and every K, the random-MTP control at K=1; with a slice preset the
     slice at K=0 and every K instead (its random MTP layer accepts almost nothing: what it measures is the cost of
     a speculative step where the step is GPU time, and greedy equality at real sizes)."""
-    models = ((SLICE_MODEL, [0] + ks),) if slice_preset else (("peaked-mtp", [0] + ks), ("peaked", [1]))
+    slice_model = SLICE_PEAKED_MODEL if slice_peaked else SLICE_MODEL
+    models = ((slice_model, [0] + ks),) if slice_preset else (("peaked-mtp", [0] + ks), ("peaked", [1]))
     arms = []
     for path in paths:
         for model, model_ks in models:
@@ -141,14 +147,13 @@ def summarize(results: dict) -> list[tuple[str, bool | None, str]]:
         if arm["k"] == 1 and "reference_acceptance" in arm:
             ref = arm["reference_acceptance"]
             detail += f"; float32 reference on these tokens {ref:.3f}"
-            ok = m["acceptance"] is not None and (abs(m["acceptance"] - ref) <= 0.1 if arm["model"] == "peaked-mtp"
+            ok = m["acceptance"] is not None and (abs(m["acceptance"] - ref) <= 0.1 if arm["model"] in DRAFTING_MODELS
                                                   else m["acceptance"] <= ref + 0.1)
             lines.append((f"{name}: acceptance as the reference's", ok, detail))
         else:
-            expected = m["acceptance"] is not None and (m["acceptance"] >= 0.8 if arm["model"] == "peaked-mtp"
-                                                        else m["acceptance"] <= 0.2)
-            lines.append((f"{name}: acceptance {'high' if arm['model'] == 'peaked-mtp' else 'low'}", expected,
-                          detail))
+            drafting = arm["model"] in DRAFTING_MODELS
+            expected = m["acceptance"] is not None and (m["acceptance"] >= 0.8 if drafting else m["acceptance"] <= 0.2)
+            lines.append((f"{name}: acceptance {'high' if drafting else 'low'}", expected, detail))
     return lines
 
 
@@ -220,7 +225,7 @@ def run(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ks = [int(k) for k in args.k.split(",")]
-    arms = all_arms(args.paths.split(","), ks, args.slice, args.kv)
+    arms = all_arms(args.paths.split(","), ks, args.slice, args.kv, args.slice_peaked)
     results = {"date": time.strftime("%Y-%m-%d %H:%M"), "gpu": gpu_name(), "command": " ".join(sys.argv),
                "tp": args.tp, "dtype": args.dtype or "auto", "kv_cache_dtype": args.kv, "quant": args.quant,
                "arms": {}}
@@ -231,12 +236,16 @@ def run(args) -> int:
     if args.slice:
         from glm5_shim.gguf.slice import make_slice
 
-        path = out / "models" / f"slice-r8-{args.slice}-mtp.gguf"
+        layers, dense = args.slice_layers, min(3, args.slice_layers - 1)  # GLM-5: 3 dense, then MoE
+        tag = f"slice-r8-{args.slice}-{layers}L{'-peaked' if args.slice_peaked else ''}-mtp"
+        path = out / "models" / f"{tag}.gguf"
         path.parent.mkdir(parents=True, exist_ok=True)
-        made = make_slice(path, layers=4, dense_layers=1, preset=args.slice, mtp=True, rank_of=8)
-        results["slice"] = {"preset": args.slice, "layers": 4, "dense_layers": 1, "rank_of": 8,
-                            "gb": round(made.nbytes / 1e9, 2), "seconds": round(made.seconds, 1)}
-        models[SLICE_MODEL] = str(path)
+        made = make_slice(path, layers=layers, dense_layers=dense, preset=args.slice, mtp=True, rank_of=8,
+                          peaked=args.slice_peaked)
+        results["slice"] = {"preset": args.slice, "layers": layers, "dense_layers": dense, "rank_of": 8,
+                            "peaked": args.slice_peaked, "gb": round(made.nbytes / 1e9, 2),
+                            "seconds": round(made.seconds, 1)}
+        models[SLICE_PEAKED_MODEL if args.slice_peaked else SLICE_MODEL] = str(path)
     for model, extra in () if args.slice else (("peaked-mtp", PEAKED_MTP), ("peaked", PEAKED)):
         path = out / "models" / f"tiny-{model}-{args.quant}.gguf"
         make_tiny(path, quant=args.quant, reference="dequantized", **{**model_args, **extra})
@@ -258,7 +267,7 @@ def run(args) -> int:
                 n_tokens = sum(len(g["ids"]) for g in entry["greedy"].values())
                 entry["seconds_per_token"] = (time.time() - t0) / max(n_tokens, 1)
                 entry["metrics"] = metrics_delta(before, parse_spec_metrics(_metrics(arm)))
-                if arm.quant in ("peaked-mtp", SLICE_MODEL) and args.throughput:
+                if arm.quant in ("peaked-mtp", SLICE_MODEL, SLICE_PEAKED_MODEL) and args.throughput:
                     entry["throughput"] = _throughput_table(arm, [int(c) for c in args.throughput.split(",")])
             except Exception as exc:  # noqa: BLE001 - one broken arm must not hide the others
                 entry["error"] = f"{type(exc).__name__}: {exc}"
@@ -267,7 +276,7 @@ def run(args) -> int:
         for arm in arms:
             stop(arm)
     for name, entry in results["arms"].items():
-        if entry.get("k") == 1 and "greedy" in entry and entry["model"] != SLICE_MODEL:  # a slice has no reference
+        if entry.get("k") == 1 and "greedy" in entry and not entry["model"].startswith("slice"):  # no reference
             ref_dir = reference_dir(models[entry["model"]])
             accepted = [a for g in entry["greedy"].values()
                         for a in draft_acceptance(ref_dir, g["prompt_ids"] + g["ids"], len(g["prompt_ids"]))]
@@ -300,9 +309,15 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--base-port", type=int, default=8300)
     r.add_argument("--start-timeout", type=float, default=600)
     r.add_argument("--throughput", default="1,4,32", help="concurrencies timed on the peaked-mtp arms ('' skips)")
-    r.add_argument("--slice", default="", choices=["", "Q4_K_M", "Q8_0", "Q2_K", "Q3_K_M"],
-                   help="instead of the tiny models: a 4-layer rank-of-8 slice of GLM-5 at its real sizes with "
-                        "its MTP layer (make-slice --mtp), K=0 against every --k: the cost of a speculative step")
+    r.add_argument("--slice", default="", choices=["", "Q4_K_M", "Q8_0", "Q2_K", "Q3_K_M", "UD-IQ2_M-like"],
+                   help="instead of the tiny models: a rank-of-8 slice of GLM-5 at its real sizes with its MTP layer "
+                        "(make-slice --mtp), K=0 against every --k: the cost of a speculative step")
+    r.add_argument("--slice-layers", type=int, default=4,
+                   help="the slice's decoder layers (the first min(3, N - 1) dense; GLM-5: 78): more layers, more "
+                        "of a step is GPU time, as on the whole model")
+    r.add_argument("--slice-peaked", action="store_true",
+                   help="make-slice --peaked: the slice's MTP layer drafts its greedy tokens (acceptance near 1), "
+                        "so the speed-up of speculative decoding shows where a step is GPU time")
     rep = sub.add_parser("report")
     rep.add_argument("dir")
     args = p.parse_args(argv)
@@ -312,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
         (Path(args.dir) / "mtp.md").write_text(text)
         print(text)
         return 0
+    if args.slice_peaked and not args.slice:
+        p.error("--slice-peaked needs --slice PRESET")
     if MODEL_ARGS["heads"] % args.tp:
         p.error(f"--tp {args.tp} does not divide the tiny model's {MODEL_ARGS['heads']} heads")
     return run(args)

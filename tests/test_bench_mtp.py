@@ -135,3 +135,20 @@ def test_a_slice_run_has_its_own_arms_and_compares_each_k_with_its_own_k0():
     assert checks["slice-mtp-shim-k1: greedy tokens equal the K=0 server's"] is True
     assert checks["slice-mtp-shim-k1: acceptance low"] is True
     assert any("x0.80" in line for line in mtp.throughput_lines(results))
+
+
+def test_a_peaked_slice_run_expects_its_drafts_accepted():
+    names = [a.name for a in mtp.all_arms(["shim"], [1], slice_preset="UD-IQ2_M-like", slice_peaked=True)]
+    assert names == ["slice-peaked-mtp-shim-k0", "slice-peaked-mtp-shim-k1"]
+    same = {"short": {"ids": [5, 6, 7], "logprobs": [-0.1, -0.2, -0.3], "top2_gap": [3.0, 3.0, 3.0]}}
+    arm = lambda k, acc: {"model": "slice-peaked-mtp", "path": "shim", "k": k, "greedy": same,  # noqa: E731
+                          "seconds_per_token": 0.01, "metrics": {"drafts": 10.0, "draft_tokens": 10.0,
+                                                                 "accepted": 10.0 * acc, "per_position": {},
+                                                                 "acceptance": acc}}
+    for acc, ok in ((0.95, True), (0.1, False)):
+        results = {"arms": {"slice-peaked-mtp-shim-k0": arm(0, 0.0), "slice-peaked-mtp-shim-k1": arm(1, acc)}}
+        checks = {check: passed for check, passed, _ in mtp.summarize(results)}
+        assert checks["slice-peaked-mtp-shim-k1: acceptance high"] is ok
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "mtp.py"), "run", "--out", "x", "--slice-peaked"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "--slice-peaked needs --slice" in proc.stderr

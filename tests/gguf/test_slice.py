@@ -386,3 +386,35 @@ def test_rank_of_8_slice_loads_through_vllms_loader(rank8, tmp_path):
         np.testing.assert_allclose(params[f"model.layers.{layer}.self_attn.indexer.wk_weights_proj.weight"], wk,
                                    rtol=1e-6)
     assert not any(name.startswith("model.layers.2.") for name in params)  # the MTP block is skipped
+
+
+def test_peaked_slice_passes_the_embedding_through_its_mtp_layer(tmp_path):
+    """make-slice --peaked (for MTP's speed where a step is GPU time): the token embedding at RMS PEAKED_GAIN, the
+    final and MTP-side norms exactly 1, eh_proj an F16 PEAKED_GAIN x [identity | 0]; every other tensor as the random
+    slice's; the file validates.  --peaked without --mtp is refused."""
+    from glm5_shim.cli import main
+    from glm5_shim.gguf.slice.plan import PEAKED_GAIN
+
+    out = tmp_path / "peaked.gguf"
+    assert main(["make-slice", str(out), "--layers", "1", "--dense-layers", "1", "--preset", "Q4_K_M",
+                 "--rank-of", "8", "--mtp", "--peaked", "--quiet"]) == 0
+    assert validate(out) == []
+    reader = gguf.GGUFReader(out)
+    tensors = {t.name: t for t in reader.tensors}
+    eh = tensors["blk.1.nextn.eh_proj.weight"]
+    assert eh.tensor_type.name == "F16"
+    eh = np.asarray(eh.data).reshape(6144, 12288)
+    n = eh.shape[0]
+    assert np.count_nonzero(eh) == n and np.all(eh[np.arange(n), np.arange(n)] == PEAKED_GAIN)
+    for name in ("output_norm.weight", "blk.1.nextn.enorm.weight", "blk.1.nextn.shared_head_norm.weight"):
+        assert np.all(np.asarray(tensors[name].data) == 1.0), name
+    assert np.asarray(tensors["blk.1.nextn.hnorm.weight"].data).std() > 0.05   # not made unit: eh_proj ignores it
+    emb = tensors["token_embd.weight"]
+    raw = np.asarray(emb.data).reshape(-1, block_geometry("Q4_K")[1])[:4096]
+    assert abs(_dequantize(raw, "Q4_K").std() / PEAKED_GAIN - 1) < 0.1
+    assert open_gguf(out).metadata["glm5_shim.slice.peaked"] is True
+    random = {t.name: (t.shape, t.type_name) for t in plan_slice(1, 1, "Q4_K_M", mtp=True, rank_of=8).tensors}
+    assert {t.name: (t.shape, t.type_name) for t in plan_slice(1, 1, "Q4_K_M", mtp=True, rank_of=8, peaked=True).tensors
+            } == {**random, "blk.1.nextn.eh_proj.weight": ((6144, 12288), "F16")}
+    assert main(["make-slice", str(tmp_path / "bad.gguf"), "--layers", "1", "--dense-layers", "1",
+                 "--preset", "Q4_K_M", "--peaked"]) == 2

@@ -143,6 +143,21 @@ class RandomBlocks:
                     words[:, column] = saved
             done += m
 
+    def pass_through_chunks(self, type_name: str, shape: tuple[int, int], gain: float) -> Iterator[np.ndarray]:
+        """A float [n, 2 n] matrix gain x [identity | 0] (rows of 2n values), chunk by chunk."""
+        n, cols = shape
+        if type_name not in FLOAT_TYPES or cols != 2 * n:
+            raise ValueError(f"pass-through: expected a float [n, 2 n] tensor, found {type_name} {list(shape)}")
+        dtype = {"F32": np.float32, "F16": np.float16, "BF16": np.float32}[type_name]
+        rows = max(1, self.chunk_bytes // (cols * 4))
+        for start in range(0, n, rows):
+            m = min(rows, n - start)
+            block = np.zeros((m, cols), dtype=dtype)
+            block[np.arange(m), start + np.arange(m)] = gain
+            if type_name == "BF16":   # the top half of each float32 (gain is exact in bf16)
+                block = (block.view(np.uint32) >> 16).astype(np.uint16)
+            yield block.reshape(-1).view(np.uint8)
+
     def _float_chunks(self, type_name: str, n_values: int, std: float, mean: float) -> Iterator[np.ndarray]:
         step = max(1, self.chunk_bytes // 4)
         for start in range(0, n_values, step):

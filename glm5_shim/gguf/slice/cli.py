@@ -18,6 +18,10 @@ def add_make_slice_arguments(parser: argparse.ArgumentParser) -> argparse.Argume
                         help="per-tensor types: a llama-quantize preset (the types it gives this slice's converted "
                              "file) or UD-IQ2_M-like (an Unsloth-style 2-bit mix; README)")
     parser.add_argument("--mtp", action="store_true", help="add the MTP (nextn) block blk.{layers}")
+    parser.add_argument("--peaked", action="store_true",
+                        help="with --mtp: a large token embedding, unit final/MTP norms and an identity eh_proj (F16), "
+                             "so that greedy decoding follows the embedding and the MTP layer drafts it (speculative "
+                             "decoding's speed where a step is GPU time)")
     parser.add_argument("--rank-of", type=int, default=1, metavar="N",
                         help="the model one rank computes at tensor-parallel size N in vLLM 0.23, as a stand-alone "
                              "file (heads, FFN widths and vocabulary divided by N; the rest whole)")
@@ -32,7 +36,8 @@ def run_make_slice(args: argparse.Namespace) -> int:
     progress = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     try:
         result = make_slice(args.out, args.layers, args.dense_layers, args.preset, mtp=args.mtp,
-                            rank_of=args.rank_of, order=args.order, seed=args.seed, progress=progress)
+                            rank_of=args.rank_of, order=args.order, seed=args.seed, peaked=args.peaked,
+                            progress=progress)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -48,6 +48,7 @@ class SliceTensor:
     type_name: str
     std: float  # standard deviation of the values (the whole model's)
     mean: float = 0.0  # float tensors only: norms are ~1
+    pass_through: float = 0.0  # float [n, 2n] only, --peaked's eh_proj: this gain times [identity | 0], not random
 
     @property
     def n_values(self) -> int:
@@ -60,6 +61,18 @@ class SliceTensor:
         return tensor_nbytes(self.type_name, self.n_values)
 
 
+# --peaked (a slice whose MTP layer drafts what the slice will say, for speculative decoding's speed where a step is
+# GPU time): the token embedding's RMS and the MTP eh_proj's pass-through gain, against the ~0.5 RMS a random layer
+# writes to the residual stream.  At 512 the trunk's final hidden state is its token's embedding within ~1 % over 78
+# layers (in bf16 a layer's write mostly rounds away), so greedy decoding says f(t) = argmax lm_head . embed[t]
+# after each token t; the MTP layer gets embed(t[p+1]), passes it through eh_proj's identity, and drafts
+# f(t[p+1]) — the trunk's next choice.  The norms on both sides (output_norm, enorm, shared_head_norm) are exactly 1
+# so that both compare the same direction.  Kernels, shapes and bytes are those of the random slice.
+PEAKED_GAIN = 512.0
+PEAKED_UNIT_NORMS = ("output_norm.weight", "nextn.enorm.weight", "nextn.shared_head_norm.weight")
+PEAKED_EH_PROJ_TYPE = "F16"
+
+
 @dataclass(frozen=True)
 class SlicePlan:
     config: dict[str, Any]  # the file's HF config (per-rank sizes when rank_of > 1)
@@ -69,6 +82,7 @@ class SlicePlan:
     preset: str
     rank_of: int
     order: str  # the order actually used ("converter" or "quantize")
+    peaked: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -108,10 +122,13 @@ def _std_and_mean(name: str, full_shape: tuple[int, ...]) -> tuple[float, float]
 
 
 def plan_slice(layers: int, dense_layers: int, preset: str, *, mtp: bool = False, rank_of: int = 1,
-               order: str = "auto") -> SlicePlan:
+               order: str = "auto", peaked: bool = False) -> SlicePlan:
     """Every tensor of a GLM-5 slice: `layers` decoder layers (the first `dense_layers` dense), `preset` types
     (fixture.tensor_types.PRESETS), the MTP block when `mtp`, one tensor-parallel rank of `rank_of`; tensor order
-    `order` (ORDERS: "auto" is llama-quantize's, the tool that writes preset files)."""
+    `order` (ORDERS: "auto" is llama-quantize's, the tool that writes preset files); `peaked` (needs `mtp`): the
+    embedding, norms and eh_proj of PEAKED_GAIN's note, so that the MTP layer drafts the slice's greedy tokens."""
+    if peaked and not mtp:
+        raise ValueError("--peaked makes the MTP layer draft the slice's tokens: it needs --mtp")
     if layers < 1:
         raise ValueError(f"layers={layers}: expected at least 1")
     if preset not in PRESETS:
@@ -139,5 +156,22 @@ def plan_slice(layers: int, dense_layers: int, preset: str, *, mtp: bool = False
                              f"rank's rows of {shapes[name][-1]} values are not whole blocks of {block}; vLLM "
                              f"refuses tensor-parallel size {rank_of} for such a file")
         std, mean = _std_and_mean(name, full_shapes[name])
-        tensors.append(SliceTensor(name, shapes[name], type_name, std, mean))
-    return SlicePlan(config, full, tokenizer, tensors, preset, rank_of, order)
+        tensor = SliceTensor(name, shapes[name], type_name, std, mean)
+        tensors.append(_peaked(tensor) if peaked else tensor)
+    return SlicePlan(config, full, tokenizer, tensors, preset, rank_of, order, peaked)
+
+
+def _peaked(t: SliceTensor) -> SliceTensor:
+    """A tensor of the --peaked slice (PEAKED_GAIN's note); the others as the random slice's."""
+    from dataclasses import replace
+
+    if t.name == "token_embd.weight":
+        return replace(t, std=PEAKED_GAIN)   # RMS 512 instead of 1 / sqrt(hidden)
+    if t.name.endswith(PEAKED_UNIT_NORMS):
+        return replace(t, std=0.0, mean=1.0)
+    if t.name.endswith("nextn.eh_proj.weight"):
+        n, two_n = t.shape
+        if two_n != 2 * n:
+            raise AssertionError(f"{t.name}: expected [n, 2 n], found {list(t.shape)}")
+        return replace(t, type_name=PEAKED_EH_PROJ_TYPE, std=0.0, pass_through=PEAKED_GAIN)
+    return t

@@ -73,6 +73,7 @@ def slice_metadata(plan: SlicePlan, seed: int) -> dict[str, tuple]:
         KEY_PREFIX + "tp_rank_of": plan.rank_of,
         KEY_PREFIX + "order": plan.order,
         KEY_PREFIX + "seed": seed,
+        KEY_PREFIX + "peaked": plan.peaked,
     })
     return metadata
 
@@ -109,7 +110,8 @@ def write_plan(out_path: str | Path, plan: SlicePlan, *, seed: int = 0,
     try:
         for i, t in enumerate(plan.tensors):
             n = 0
-            chunks = blocks.chunks(t.type_name, t.n_values, t.std, t.mean)
+            chunks = (blocks.pass_through_chunks(t.type_name, t.shape, t.pass_through) if t.pass_through
+                      else blocks.chunks(t.type_name, t.n_values, t.std, t.mean))
             while True:
                 t0 = time.perf_counter()
                 chunk = next(chunks, None)
@@ -132,10 +134,10 @@ def write_plan(out_path: str | Path, plan: SlicePlan, *, seed: int = 0,
 
 
 def make_slice(out_path: str | Path, layers: int, dense_layers: int, preset: str, *, mtp: bool = False,
-               rank_of: int = 1, order: str = "auto", seed: int = 0,
+               rank_of: int = 1, order: str = "auto", seed: int = 0, peaked: bool = False,
                progress: Callable[[str], None] | None = None) -> SliceResult:
     """Write a random-weight GLM-5 slice (see plan.plan_slice) to `out_path`; returns what was written and how fast."""
-    plan = plan_slice(layers, dense_layers, preset, mtp=mtp, rank_of=rank_of, order=order)
+    plan = plan_slice(layers, dense_layers, preset, mtp=mtp, rank_of=rank_of, order=order, peaked=peaked)
     return write_plan(out_path, plan, seed=seed, progress=progress)
 
 
