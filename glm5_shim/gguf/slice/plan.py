@@ -24,7 +24,7 @@ slice; 19360 exactly at TP 8 of the whole model): the padding rows are never sam
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..llama_tools import converter_order, fit_to_row, quantize_order
@@ -166,8 +166,6 @@ def plan_slice(layers: int, dense_layers: int, preset: str, *, mtp: bool = False
 
 def _peaked(t: SliceTensor) -> SliceTensor:
     """A tensor of the --peaked slice (PEAKED_GAIN's note); the others as the random slice's."""
-    from dataclasses import replace
-
     if t.name == "token_embd.weight":
         return replace(t, std=PEAKED_GAIN)   # RMS 512 instead of 1 / sqrt(hidden)
     if t.name.endswith(PEAKED_UNIT_NORMS):
