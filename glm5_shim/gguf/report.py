@@ -111,8 +111,8 @@ def format_matmul_paths(paths: dict[str, dict[str, int]]) -> str:
             else "GLM5_SHIM_GGUF_KERNELS=vllm")
     mma = [t for t in paths["shim"] if int(gguf.GGMLQuantizationType[t]) in MMA_DECODE_TYPES]
     if mma and settings.gguf_decode_choice() == "mma":
-        decode = (f"; decode-sized {'/'.join(mma)} products on the register-MMA kernels (GLM5_SHIM_GGUF_DECODE=tile "
-                  "for the tile kernels)")
+        decode = (f"; decode-sized {'/'.join(mma)} products (MoEs up to 8-32 routed rows an expert) on the "
+                  "register-MMA kernels (GLM5_SHIM_GGUF_DECODE=tile for the tile kernels)")
     else:
         decode = (f"; GLM5_SHIM_GGUF_DECODE=mma (the default) runs decode-sized {'/'.join(mma)} products on the "
                   "register-MMA kernels") if mma else ""

@@ -56,8 +56,9 @@ def _apply(module, patch: Patch) -> None:
 
     names = "/".join(gguf.GGMLQuantizationType(t).name for t in SHIM_KERNEL_TYPES)
     mma = "/".join(gguf.GGMLQuantizationType(t).name for t in MMA_DECODE_TYPES)
-    decode = (f"decode-sized {mma} MoE products on the register-MMA kernels (GLM5_SHIM_GGUF_DECODE=tile for the "
-              "tile kernels)" if settings.gguf_decode_choice() == "mma" else "decode on the tile kernels")
+    decode = (f"decode-sized {mma} MoE products, up to 8-32 routed rows an expert, on the register-MMA kernels "
+              "(GLM5_SHIM_GGUF_DECODE=tile for the tile kernels)" if settings.gguf_decode_choice() == "mma"
+              else "decode on the tile kernels")
     init_logger("vllm.glm5_shim.gguf").info(
         "glm5-shim: GGUF matmuls of %s weights run on the shim's Triton kernels (%s; dense linears at 1-6 rows and "
         "IQ MoE decode of up to 8-32 tokens on vLLM's vector kernels in fp16 or below compute capability 10; other "

@@ -54,7 +54,8 @@ def test_the_line_says_where_decode_runs_by_default_and_with_the_tile_switch(mon
     assert "Q4_K" in mma
     monkeypatch.delenv("GLM5_SHIM_GGUF_DECODE", raising=False)
     line = format_matmul_paths(paths)
-    assert f"decode-sized {mma} products on the register-MMA kernels (GLM5_SHIM_GGUF_DECODE=tile" in line
+    assert f"decode-sized {mma} products (MoEs up to 8-32 routed rows an expert) on the register-MMA kernels " \
+           "(GLM5_SHIM_GGUF_DECODE=tile" in line
     assert "1-6 rows stay on vLLM's vector kernels" in line
     monkeypatch.setenv("GLM5_SHIM_GGUF_DECODE", "tile")
     line = format_matmul_paths(paths)
