@@ -227,7 +227,8 @@ def run(args) -> int:
     ks = [int(k) for k in args.k.split(",")]
     arms = all_arms(args.paths.split(","), ks, args.slice, args.kv, args.slice_peaked)
     results = {"date": time.strftime("%Y-%m-%d %H:%M"), "gpu": gpu_name(), "command": " ".join(sys.argv),
-               "tp": args.tp, "dtype": args.dtype or "auto", "kv_cache_dtype": args.kv, "quant": args.quant,
+               "tp": args.tp, "dtype": args.dtype or "auto", "kv_cache_dtype": args.kv,
+               "quant": f"slice {args.slice}" if args.slice else args.quant,
                "arms": {}}
     model_args = dict(MODEL_ARGS)
     if args.tp > 1:  # every down projection must split into whole Q4_K blocks on every rank (as bench/e2e.py)
@@ -236,7 +237,9 @@ def run(args) -> int:
     if args.slice:
         from glm5_shim.gguf.slice import make_slice
 
-        layers, dense = args.slice_layers, min(3, args.slice_layers - 1)  # GLM-5: 3 dense, then MoE
+        # GLM-5: 3 dense layers, then MoE; up to 4 layers 1 dense (the 4-layer slice of earlier runs: 1 + 3 MoE)
+        layers = args.slice_layers
+        dense = 1 if layers <= 4 else 3
         tag = f"slice-r8-{args.slice}-{layers}L{'-peaked' if args.slice_peaked else ''}-mtp"
         path = out / "models" / f"{tag}.gguf"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -313,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="instead of the tiny models: a rank-of-8 slice of GLM-5 at its real sizes with its MTP layer "
                         "(make-slice --mtp), K=0 against every --k: the cost of a speculative step")
     r.add_argument("--slice-layers", type=int, default=4,
-                   help="the slice's decoder layers (the first min(3, N - 1) dense; GLM-5: 78): more layers, more "
+                   help="the slice's decoder layers (the first 1 dense up to 4 layers, else 3; GLM-5: 78): more layers, more "
                         "of a step is GPU time, as on the whole model")
     r.add_argument("--slice-peaked", action="store_true",
                    help="make-slice --peaked: the slice's MTP layer drafts its greedy tokens (acceptance near 1), "
@@ -329,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.slice_peaked and not args.slice:
         p.error("--slice-peaked needs --slice PRESET")
+    if args.slice and args.slice_layers < 2:
+        p.error(f"--slice-layers {args.slice_layers}: expected at least 2 (a dense layer, then MoE)")
     if MODEL_ARGS["heads"] % args.tp:
         p.error(f"--tp {args.tp} does not divide the tiny model's {MODEL_ARGS['heads']} heads")
     return run(args)

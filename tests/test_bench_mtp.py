@@ -88,7 +88,9 @@ def test_arms_and_a_server_that_failed():
 
 
 @pytest.mark.parametrize("args, message", [(["run", "--out", "x", "--tp", "3"], "does not divide"),
-                                           (["run", "--out", "x", "--quant", "Q2_K"], "invalid choice")])
+                                           (["run", "--out", "x", "--quant", "Q2_K"], "invalid choice"),
+                                           (["run", "--out", "x", "--slice", "Q4_K_M", "--slice-layers", "1"],
+                                            "expected at least 2")])
 def test_bad_options_are_refused_before_any_model(tmp_path, args, message):
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "mtp.py"), *args], capture_output=True, text=True,
                           timeout=300, env=child_env(), cwd=tmp_path)

@@ -45,7 +45,9 @@ MMA_LINEAR_TYPES = (int(_T.Q4_K), int(_T.Q6_K), int(_T.Q5_K), int(_T.IQ2_XXS), i
 #                               Q8_0 1175 / 1469 (635), IQ2_XXS 702 / 2439 (622), IQ2_S 798 / 2636 (620)
 #   T = 512 (16):               Q4_K 672 / 872 (657), Q5_K 845 / 966 (657), Q6_K 1369 / 2945 (657), Q8_0 1943 / 1492
 #   T = 1024 (32):              Q4_K 1168 / 922 (786), IQ2_XXS 2105 / 2520 (785), IQ2_S 2487 / 2696 (784)
-# (Q5_K and Q6_K at 32 rows were not measured: they stop at 16 like Q4_K.)
+# (Q5_K and Q6_K at 32 rows were not measured: they stop at 16 like Q4_K.)  The rule reads the mean rows an expert,
+# measured with uniform random routings; a skewed prefill routing reads a hot expert's weights once per 8-row block
+# (not measured: the cost of a mean-based choice there).
 MMA_MOE_MAX_ROWS_PER_EXPERT = {int(_T.Q4_K): 16, int(_T.Q5_K): 16, int(_T.Q6_K): 16, int(_T.Q8_0): 8,
                                int(_T.IQ2_XXS): 32, int(_T.IQ2_S): 32}
 K_MULTIPLE = 256  # the kernels step through K in half super-blocks; GLM-5's input widths are all multiples of 256
