@@ -316,8 +316,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="instead of the tiny models: a rank-of-8 slice of GLM-5 at its real sizes with its MTP layer "
                         "(make-slice --mtp), K=0 against every --k: the cost of a speculative step")
     r.add_argument("--slice-layers", type=int, default=4,
-                   help="the slice's decoder layers (the first 1 dense up to 4 layers, else 3; GLM-5: 78): more layers, more "
-                        "of a step is GPU time, as on the whole model")
+                   help="the slice's decoder layers (the first 1 dense up to 4 layers, else 3; GLM-5: 78): more "
+                        "layers, more of a step is GPU time, as on the whole model")
     r.add_argument("--slice-peaked", action="store_true",
                    help="make-slice --peaked: the slice's MTP layer drafts its greedy tokens (acceptance near 1), "
                         "so the speed-up of speculative decoding shows where a step is GPU time")
