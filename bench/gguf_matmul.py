@@ -198,18 +198,17 @@ def bench_moe(tp: int, type_names, tokens, bw, peak, gen, vg, bf16_moe, rows):
                 # tile: the tile kernels; mma_s6: the register-MMA kernels in session 6's five launches (align,
                 # w13 planes, SiLU of their sum, w2, top-k sum); direct / sorted: today's two-launch epilogues
                 # with each routing forced (the default picks by MOE_DIRECT_MAX_TOKENS)
-                arms = {"tile": {"mma": False}, "mma_s6": {"mma": True, "fused_epilogues": False}}
+                arms = {"tile": {**plan, "mma": False}, "mma_s6": {**plan, "mma": True, "fused_epilogues": False}}
                 if t <= 16:
-                    arms.update(mma_direct={"mma": True, "direct": True}, mma_sorted={"mma": True, "direct": False})
+                    arms.update(mma_direct={**plan, "mma": True, "direct": True},
+                                mma_sorted={**plan, "mma": True, "direct": False})
             elif gguf_mma.covers(qt, HIDDEN, x.dtype, gguf_mma.KERNEL_TYPES):
                 # above the common decode threshold the plans pick by MMA_MOE_MAX_ROWS_PER_EXPERT (shim_us); both
                 # regimes named: the prefill tiles, and the decode regime's register-MMA passes over moe_align's
                 # 8-row blocks (an expert's weights read once a block)
                 arms = {"prefill_tiles": plan,
                         "mma_sorted": {**gm.moe_plan(t, TOP_K, EXPERTS, decode=True), "mma": True, "direct": False}}
-                plan = {}   # the arms are whole plans
-            for arm, extra in arms.items():
-                aplan = {**plan, **extra}
+            for arm, aplan in arms.items():   # each arm a whole plan
                 mine = gm.gguf_moe(x, w13, w2, wts[0], ids[0], qt, qt, align=ALIGN, plan=aplan)
                 row[f"{arm}_rel_vs_shim"] = ((mine.float() - ours.float()).norm() / ours.float().norm()).item()
                 row[f"{arm}_us"] = graph_us([lambda i=i, w=w, p=aplan: gm.gguf_moe(x, w13, w2, w, i, qt, qt,
