@@ -3,6 +3,7 @@
     python bench/slice_serve.py run --out DIR [--parts a,b,c,d,e,f] [--budget-s 480] [--slice-dir /tmp/slices]
     python bench/slice_serve.py report DIR      rewrite DIR/slice.md from DIR/slice.json
     python bench/slice_serve.py group TRACE     the kernel groups of one torch-profiler trace (JSON)
+    python bench/slice_serve.py logprobs A.json B.json   part a of A against part b of B (first-token logprobs)
 
 Slices (`make-slice`, written into --slice-dir on the device; 4 layers: 1 dense + 3 MoE):
     r8-Q4_K_M     Q4_K_M, --rank-of 8: what one rank computes at TP 8 (2.55 GB)
@@ -66,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
                         "this run ('' for none)")
     rep = sub.add_parser("report", help="rewrite DIR/slice.md from DIR/slice.json")
     rep.add_argument("dir")
+    lp = sub.add_parser("logprobs", help="part a of A.json against part b of B.json (first-token log-probabilities)")
+    lp.add_argument("a_json")
+    lp.add_argument("b_json")
     g = sub.add_parser("group", help="group one trace's kernels")
     g.add_argument("trace")
     args = p.parse_args(argv)
@@ -80,6 +84,17 @@ def main(argv: list[str] | None = None) -> int:
         d = Path(args.dir)
         (d / "slice.md").write_text(report(json.loads((d / "slice.json").read_text())))
         print((d / "slice.md").read_text())
+        return 0
+    if args.command == "logprobs":
+        from slice_parts.measure import compare_logprobs
+        from slice_parts.parts import same_slice
+
+        a, b = (json.loads(Path(f).read_text()) for f in (args.a_json, args.b_json))
+        name = PARTS["a"].slice
+        same, why = same_slice(b["slices"][name], a["slices"][name])
+        print(f"slices: {why}" + ("" if same else " (not shown the same here: check their tensors before relying "
+                                                 "on this comparison)"))
+        print(json.dumps(compare_logprobs(a["parts"]["a"]["logprobs"], b["parts"]["b"]["logprobs"]), indent=1))
         return 0
     print(json.dumps(group_trace(load_trace(args.trace)), indent=1))
     return 0

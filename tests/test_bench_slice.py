@@ -490,6 +490,42 @@ def test_part_b_alone_is_compared_with_a_recorded_part_a(tmp_path, monkeypatch):
     assert "is not this run's" in res["logprob_agreement"]["error"]
 
 
+def _tiny_gguf(path, extra_key: str | None = None, value: float = 1.0) -> Path:
+    import gguf
+    import numpy as np
+
+    w = gguf.GGUFWriter(str(path), "glm-dsa")
+    if extra_key:
+        w.add_string(extra_key, "x")
+    w.add_tensor("blk.0.attn_norm.weight", np.full(32, value, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)
+
+
+def test_slices_are_the_same_model_by_their_tensors_not_their_metadata(tmp_path, capsys):
+    """A metadata key (session 8's make-slice --peaked flag) changes the file's bytes, not its model: the tensor
+    digest ignores it and sees one changed weight; runs that recorded digests are compared by them."""
+    base = parts.tensor_digest(_tiny_gguf(tmp_path / "a.gguf"))
+    assert parts.tensor_digest(_tiny_gguf(tmp_path / "b.gguf", extra_key="glm5_shim.slice.peaked")) == base
+    assert parts.tensor_digest(_tiny_gguf(tmp_path / "c.gguf", value=1.5)) != base
+    a = {"bytes": 128, "file_bytes": 1000, "tensor_sha256": base}
+    assert parts.same_slice(dict(a, file_bytes=1032), a)[0]
+    assert not parts.same_slice(dict(a, tensor_sha256="0" * 64), a)[0]
+    without = {"bytes": 128, "file_bytes": 1000}
+    assert parts.same_slice(without, dict(without))[0] and not parts.same_slice(dict(without, file_bytes=1032), a)[0]
+    # the offline comparison of two recorded runs says whether it could check the slices
+    ref = json.loads(slice_serve.DEFAULT_LOGPROBS_REF.read_text())
+    b = {"slices": ref["slices"], "parts": {"b": {"logprobs": ref["parts"]["a"]["logprobs"]}}}
+    (tmp_path / "b.json").write_text(json.dumps(b))
+    assert slice_serve.main(["logprobs", str(slice_serve.DEFAULT_LOGPROBS_REF), str(tmp_path / "b.json")]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("slices: file bytes") and " equal" in printed.splitlines()[0]
+    assert json.loads(printed.split("\n", 1)[1])["same_top1"] == 5
+
+
 def test_logprobs_of_different_prompts_are_not_compared():
     a = [{"prompt_tokens": 64, "prompt_sha": "x", "id": 5, "top": {"5": -0.5}}]
     b = [{"prompt_tokens": 64, "prompt_sha": "y", "id": 5, "top": {"5": -0.5}}]

@@ -115,6 +115,36 @@ def serve_flags(trace_dir: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
 SLICE_DISK_SPARE = 2 << 30  # bytes left free on --slice-dir's disk after a slice (logs, traces, vLLM's caches)
 
 
+def same_slice(mine: dict, ref: dict) -> tuple[bool, str]:
+    """Whether two runs' slice records are the same model: by tensor digest where both have one (session 9 on),
+    else by tensor and file bytes (a metadata key changes the file bytes: such a pair is refused here and can be
+    compared with `slice_serve.py logprobs` after checking the tensors)."""
+    if mine.get("tensor_sha256") and ref.get("tensor_sha256"):
+        theirs, ours = ref["tensor_sha256"][:12], mine["tensor_sha256"][:12]
+        return theirs == ours, f"tensor digest {theirs}{' equal' if theirs == ours else ' vs ' + ours}"
+    same = all(mine.get(k) is not None and mine.get(k) == ref.get(k) for k in ("bytes", "file_bytes"))
+    return same, f"file bytes {ref.get('file_bytes')}{' equal' if same else ' vs ' + str(mine.get('file_bytes'))}"
+
+
+def tensor_digest(path: Path) -> str:
+    """sha256 of a GGUF's tensors (names, types, shapes, offsets, then every data byte), not its metadata: two
+    slices with the same digest compute the same model whatever keys make-slice adds (session 9: a metadata key
+    added in session 8 made the file 32 bytes longer and the byte-count check refused an identical slice)."""
+    import hashlib
+
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    infos = [(t.name, t.tensor_type.name, [int(d) for d in t.shape], int(t.data_offset) - reader.data_offset)
+             for t in reader.tensors]
+    h = hashlib.sha256(json.dumps(infos).encode())
+    with open(path, "rb") as f:
+        f.seek(reader.data_offset)
+        while chunk := f.read(64 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def make_slice_file(name: str, slice_dir: Path) -> dict:
     """Write the slice (make-slice's library call) unless it is there; its bytes by group. The file is written under
     a temporary name and renamed when complete, so a file of that name is a whole slice (a run killed mid-write
@@ -130,7 +160,8 @@ def make_slice_file(name: str, slice_dir: Path) -> dict:
     info = {"name": name, "preset": preset, "rank_of": rank_of, "layers": LAYERS, "dense_layers": DENSE_LAYERS,
             "bytes_by_group": plan_groups(LAYERS, DENSE_LAYERS, preset, rank_of)}
     if path.is_file() and path.stat().st_size >= plan.nbytes:
-        info.update(path=str(path), bytes=plan.nbytes, reused=True, file_bytes=path.stat().st_size)
+        info.update(path=str(path), bytes=plan.nbytes, reused=True, file_bytes=path.stat().st_size,
+                    tensor_sha256=tensor_digest(path))
         return info
     slice_dir.mkdir(parents=True, exist_ok=True)
     partial = slice_dir / f"{name}.partial.gguf"
@@ -141,7 +172,7 @@ def make_slice_file(name: str, slice_dir: Path) -> dict:
                            f"{slice_dir} (and {SLICE_DISK_SPARE / 2**30:.0f} GiB kept spare)")
     result = slice_info(write_plan(partial, plan, seed=0))
     os.replace(partial, path)
-    info.update(result, path=str(path), file_bytes=path.stat().st_size)
+    info.update(result, path=str(path), file_bytes=path.stat().st_size, tensor_sha256=tensor_digest(path))
     return info
 
 
@@ -185,12 +216,10 @@ class Runner:
             ref_slice = other["slices"][PARTS["a"].slice]
         except (OSError, ValueError, KeyError) as exc:
             return None, f"part a did not run, and {ref} has no part-a log-probabilities ({exc!r})"
-        mine = self.results["slices"].get(PARTS["a"].slice, {})
-        same = all(mine.get(k) is not None and mine.get(k) == ref_slice.get(k) for k in ("bytes", "file_bytes"))
+        same, why = same_slice(self.results["slices"].get(PARTS["a"].slice, {}), ref_slice)
         if not same:
-            return None, (f"part a did not run, and {ref}'s slice ({ref_slice.get('file_bytes')} bytes) is not this "
-                          f"run's ({mine.get('file_bytes')} bytes)")
-        return ref_lp, f"part a of {ref} ({other.get('date', '?')})"
+            return None, f"part a did not run, and {ref}'s slice is not this run's ({why})"
+        return ref_lp, f"part a of {ref} ({other.get('date', '?')}; {why})"
 
     def save(self) -> None:
         b = self.results["parts"].get("b", {})

@@ -37,6 +37,15 @@ MMA_DECODE_TYPES = (int(_T.Q4_K), int(_T.Q6_K), int(_T.Q5_K), int(_T.Q8_0), int(
 # tile kernel (q_a+kv_a 24.4 vs 26.3 µs, session 7), the K-quants' 10-40 % and IQ2_XXS's and IQ2_S's 2.3-4x faster
 # on the register-MMA kernels (IQ2_S lm_head 66 vs 255 µs, q_a+kv_a 19 vs 44; session 8).
 MMA_LINEAR_TYPES = (int(_T.Q4_K), int(_T.Q6_K), int(_T.Q5_K), int(_T.IQ2_XXS), int(_T.IQ2_S))
+# Up to how many rows a dense linear of those types stays on the register-MMA kernel (8 rows a program; more rows
+# re-read the weight, from L2 after the first); a type not listed stops at one program's rows (gguf_mma.TOKENS, 8).
+# H200, session 9, µs at 16 / 32 / 64 rows, register-MMA against the tile kernel, every GLM-5 TP-8 dense shape:
+#   IQ2_XXS  lm_head 108 / 205 / 388 vs 237 / 254 / 256, q_a+kv_a 21 / 34 / 65 vs 42 / 47 / 48, o_proj 16 / 28 / 46
+#            vs 36 / 39 / 41, shared down 4.2 / 6.0 / 7.8 vs 9.5 / 13.6 / 15.0 (both IQ types faster in all nine
+#            shapes at 16 and 32 rows; at 64 slower in five (IQ2_XXS) and seven (IQ2_S))
+#   Q4_K     lm_head 83 / 153 vs 65 / 108, q_a+kv_a 14.2 / 20.1 vs 14.2 / 24.9, q_b 7.7 / 12.0 vs 8.3 / 13.1: mixed
+#            at 16 rows, so the K-quants keep 8 (Q6_K and Q8_0 slower in most shapes from 16)
+MMA_LINEAR_MAX_ROWS = {int(_T.IQ2_XXS): 32, int(_T.IQ2_S): 32}
 # Up to how many routed rows an expert (T x top_k / experts) a MoE whose two passes both run on the register-MMA
 # kernels stays in the decode regime (moe_align's 8-row blocks, each reading its expert's weights) instead of the
 # prefill tiles; a type not listed keeps the regimes' common threshold (gguf_matmul.MOE_DECODE_MAX_ROWS_PER_EXPERT).

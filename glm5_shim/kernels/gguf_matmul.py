@@ -60,7 +60,8 @@ import triton
 import triton.language as tl
 
 from glm5_shim import settings
-from glm5_shim.gguf.kernel_coverage import K_MULTIPLE, MMA_LINEAR_TYPES, MMA_MOE_MAX_ROWS_PER_EXPERT, SHIM_KERNEL_TYPES
+from glm5_shim.gguf.kernel_coverage import (K_MULTIPLE, MMA_LINEAR_MAX_ROWS, MMA_LINEAR_TYPES,
+                                            MMA_MOE_MAX_ROWS_PER_EXPERT, SHIM_KERNEL_TYPES)
 from glm5_shim.kernels import arrivals, gguf_mma
 from glm5_shim.kernels.device import cuda_capability_and_sms
 
@@ -987,7 +988,7 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int, n: int | Non
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    if plan is None and m <= gguf_mma.TOKENS and mma_decode(qtype, k, x.dtype, weight=qweight, linear=True):
+    if plan is None and m <= mma_linear_max_rows(qtype) and mma_decode(qtype, k, x.dtype, weight=qweight, linear=True):
         return gguf_mma.linear(x, qweight, qtype, n, _num_sms(x.device), grid_table=_grid_arg(qtype, qweight))
     plan = plan or linear_plan(m, n, k, _num_sms(x.device))
     if plan["dequant"]:
@@ -1016,6 +1017,12 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int, n: int | Non
     if split > 1 and not reduce:
         out.copy_(dst.sum(0))
     return out
+
+
+def mma_linear_max_rows(qtype: int) -> int:
+    """Up to how many rows a dense linear of this type runs on the register-MMA kernel when mma_decode allows it
+    (kernel_coverage.MMA_LINEAR_MAX_ROWS; else one program's rows)."""
+    return MMA_LINEAR_MAX_ROWS.get(int(qtype), gguf_mma.TOKENS)
 
 
 def mma_decode(qtype: int, k: int, dtype: torch.dtype, mma: bool | None = None,

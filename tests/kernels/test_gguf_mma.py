@@ -93,6 +93,30 @@ def test_linear_dispatch_follows_the_switch(monkeypatch):
     assert calls == [64]
 
 
+def test_iq_linears_stay_on_the_register_mma_kernel_to_their_row_limit(monkeypatch):
+    """IQ2_XXS/IQ2_S dense linears run there up to kernel_coverage.MMA_LINEAR_MAX_ROWS (measured faster to 32
+    rows), the K-quants only up to one program's 8 rows; both paths agree with float64 within the bound."""
+    g = torch.Generator().manual_seed(7)
+    k, n = 512, 40
+    calls = []
+    real = mma.launch
+    monkeypatch.setattr(mma, "launch", lambda *a, **kw: (calls.append(kw["n"]), real(*a, **kw))[1])
+    monkeypatch.setenv("GLM5_SHIM_GGUF_DECODE", "mma")
+    for name, rows_on_mma in (("IQ2_XXS", 32), ("IQ2_S", 32), ("Q4_K", mma.TOKENS)):
+        qtype = getattr(gm, name)
+        assert gm.mma_linear_max_rows(qtype) == rows_on_mma
+        w = ref.random_blocks(qtype, n, k, g)
+        for m in (rows_on_mma, rows_on_mma + 1):
+            calls.clear()
+            x = torch.randn(m, k, generator=g).half()
+            got = gm.gguf_linear(x, w, qtype)
+            assert bool(calls) == (m <= rows_on_mma), (name, m, calls)
+            ok, excess, _ = _within_bound(got, x, w, qtype, k)
+            assert ok or m > rows_on_mma, (name, m, excess)   # the tile kernel's own bound is its test's
+            want = x.double() @ ref.dequantize(w, qtype, k).T
+            assert ((got.double() - want).norm() / want.norm()).item() <= 2e-3, (name, m)
+
+
 @pytest.mark.parametrize("types", [("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q6_K", "Q8_0"), ("Q8_0", "Q4_K"),
                                    ("Q5_K", "Q5_K"), ("Q4_K", "Q2_K"), ("Q3_K", "Q6_K"), ("IQ2_XXS", "IQ2_XXS"),
                                    ("IQ2_XXS", "Q4_K"), ("IQ2_XXS", "IQ2_S"), ("IQ2_S", "IQ2_S")])
