@@ -220,12 +220,16 @@ def bench_moe(tp: int, type_names, tokens, bw, peak, gen, vg, bf16_moe, rows):
         torch.cuda.empty_cache()
 
 
+# The tile kernel's row tiles past 16 rows (the plans: one 64-row tile, split planes summed by a second launch):
+# 16- or 32-row tiles (the weight re-read per row tile, from L2 after the first) and the kernel summing its own splits
+TILE_ROW_ARMS = {"tile_m16r": {"BLOCK_M": 16}, "tile_m32": {"BLOCK_M": 32, "self_reduce": False},
+                 "tile_m32r": {"BLOCK_M": 32, "self_reduce": True}, "tile_m64r": {"BLOCK_M": 64, "self_reduce": True}}
 # The dense mma arm runs to 64 rows (8 a program, each reading the weight: from L2 after the first), past the plans'
 # 8 (gguf_mma.TOKENS): where it beats the tile kernel is what would move that threshold
 DENSE_MMA_MAX_ROWS = 64
 
 
-def bench_dense(type_names, tokens, bw, peak, gen, vg, rows):
+def bench_dense(type_names, tokens, bw, peak, gen, vg, rows, tile_rows=False):
     for lname, (n, k) in DENSE_TP8.items():
         for name in type_names:
             qt = TYPES[name]
@@ -261,6 +265,14 @@ def bench_dense(type_names, tokens, bw, peak, gen, vg, rows):
                     row["mma_us"] = graph_us([lambda w=w: gguf_mma.linear(x, w, qt, n, sms, grid_table=table)
                                               for w in ws] * 2)
                     row["mma_pct_floor"] = 100 * row["floor_us"] / row["mma_us"]
+                if tile_rows and 16 < t <= 64:
+                    sms = torch.cuda.get_device_properties(0).multi_processor_count
+                    for arm, tuning in TILE_ROW_ARMS.items():
+                        aplan = gm.linear_plan(t, n, k, sms, tuning)
+                        mine = gm.gguf_linear(x, ws[0], qt, plan=aplan)
+                        row[f"{arm}_rel_vs_shim"] = ((mine.float() - ours.float()).norm() / ours.float().norm()).item()
+                        row[f"{arm}_us"] = graph_us([lambda w=w, p=aplan: gm.gguf_linear(x, w, qt, plan=p)
+                                                     for w in ws] * 2)
                 print(json.dumps(row), flush=True)
                 rows.append(row)
             ws = wbf = None
@@ -521,6 +533,18 @@ def markdown(rows, bw, device) -> str:
                        f"{fmt(r.get('vllm_bf16_us'), 1)} | {fmt(r['floor_us'], 1)} | "
                        f"{r['prefill_tiles_rel_vs_shim']:.4f}, {r['mma_sorted_rel_vs_shim']:.4f} |")
         out.append("")
+    tr = [r for r in rows if "tile_m32_us" in r]
+    if tr:
+        out += ["## Dense linears past 16 rows: the tile kernel's row tiles (m64 = the plans; r = the kernel sums its "
+                "own split planes)", "",
+                "| layer [N, K] | type | T | plans (m64) µs | " + " | ".join(f"{a[5:]} µs" for a in TILE_ROW_ARMS)
+                + " | mma µs | vLLM bf16 µs | floor µs |",
+                "|---|---|---|---|" + "---|" * len(TILE_ROW_ARMS) + "---|---|---|"]
+        for r in tr:
+            out.append(f"| {r['layer']} [{r['N']}, {r['K']}] | {r['type']} | {r['T']} | {fmt(r['shim_us'], 1)} | "
+                       + " | ".join(fmt(r[f"{a}_us"], 1) for a in TILE_ROW_ARMS)
+                       + f" | {fmt(r.get('mma_us'), 1)} | {fmt(r.get('vllm_bf16_us'), 1)} | {fmt(r['floor_us'], 1)} |")
+        out.append("")
     mm = [r for r in rows if "mma_us" in r]
     if mm:
         out += ["## Dense linears: the register-MMA kernel (one launch) next to the tile kernels and vLLM", "",
@@ -542,6 +566,8 @@ def main():
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     ap.add_argument("--parts", default="moe8,moe4,dense,crash")
     ap.add_argument("--dense-tokens", default="1,8,32,256,4096")
+    ap.add_argument("--tile-rows", action="store_true",
+                    help="dense rows 17-64: also time the tile kernel's 16/32/64-row tiles with and without self-sums")
     ap.add_argument("--sweep-types", default="Q4_K", help="types whose MoE launch parameters the sweep part times")
     args = ap.parse_args()
     out = pathlib.Path(args.out)
@@ -565,7 +591,8 @@ def main():
         if "moe4" in parts:
             bench_moe(4, types, tokens, bw, peak, gen, vg, bf16_moe, rows)
         if "dense" in parts:
-            bench_dense(types, [int(t) for t in args.dense_tokens.split(",")], bw, peak, gen, vg, rows)
+            bench_dense(types, [int(t) for t in args.dense_tokens.split(",")], bw, peak, gen, vg, rows,
+                        tile_rows=args.tile_rows)
         if "probe" in parts:
             bench_probe([t for t in args.sweep_types.split(",") if t == "Q4_K"],
                         [int(t) for t in args.tokens.split(",")], bw, gen, rows)

@@ -961,7 +961,8 @@ def linear_plan(m: int, n: int, k: int, num_sms: int, tuning: dict | None = None
     tiles = triton.cdiv(m, t["BLOCK_M"]) * triton.cdiv(n, t["BLOCK_N"])
     split, per_split = _split(tiles, steps, num_sms, t["ctas_per_sm"]) if m <= 64 else (1, steps)
     return dict(dequant=False, BLOCK_M=t["BLOCK_M"], BLOCK_N=t["BLOCK_N"], num_warps=t["num_warps"],
-                num_stages=t["num_stages"], split=split, steps_per_split=per_split)
+                num_stages=t["num_stages"], split=split, steps_per_split=per_split,
+                self_reduce=t.get("self_reduce", t["BLOCK_M"] <= SELF_REDUCING_MAX_BLOCK_M))
 
 
 def gguf_dequantize(qweight: torch.Tensor, qtype: int, k: int, dtype: torch.dtype,
@@ -1007,7 +1008,7 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int, n: int | Non
     grid = (triton.cdiv(m, plan["BLOCK_M"]), triton.cdiv(n, plan["BLOCK_N"]), split)
     # the tile's last program sums the planes for 16-row tiles (H200: q_a+kv_a Q4_K at 1 row 13.4 µs against 15.5
     # with a sum launch); 64-row tiles keep the sum launch (32 rows: 34 µs a call against 24, slice a, session 7)
-    reduce = split > 1 and plan["BLOCK_M"] <= SELF_REDUCING_MAX_BLOCK_M and arrivals.in_kernel(grid[0] * grid[1])
+    reduce = split > 1 and plan["self_reduce"] and arrivals.in_kernel(grid[0] * grid[1])
     _linear_kernel[grid](x, qweight, _grid_arg(qtype, qweight), dst, out,
                          arrivals.counters(x.device) if reduce else out, m, n, x.stride(0), qweight.stride(0),
                          dst.stride(0) if split > 1 else 0, dst.stride(-2), out.stride(0), plan["steps_per_split"],

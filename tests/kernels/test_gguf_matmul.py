@@ -52,6 +52,25 @@ def test_linear_plans_split_decode_and_dequantize_prefill():
     assert _rel(gm.gguf_linear(x, w, gm.Q4_K, plan=decode), x.double() @ w64.T) <= TOL[torch.float32]
 
 
+@pytest.mark.parametrize("tuning", [{"BLOCK_M": 16}, {"BLOCK_M": 32, "self_reduce": True},
+                                    {"BLOCK_M": 32, "self_reduce": False}, {"BLOCK_M": 64, "self_reduce": True}])
+def test_row_tiles_past_16_rows_sum_their_splits_either_way(tuning):
+    """The bench's row-tile arms for 17-64 rows (16- or 32-row tiles, the kernel summing its own split planes or a
+    second launch): the same product as float64 (40 rows: a last row tile partly filled)."""
+    from glm5_shim.kernels import arrivals
+
+    g = torch.Generator().manual_seed(9)
+    w = ref.random_blocks(gm.Q4_K, 70, 1024, g)
+    x = torch.randn(40, 1024, generator=g).half()
+    plan = gm.linear_plan(40, 70, 1024, num_sms=16, tuning=tuning)
+    assert plan["BLOCK_M"] == tuning["BLOCK_M"] and plan["split"] > 1
+    assert plan["self_reduce"] == tuning.get("self_reduce", True)
+    got = gm.gguf_linear(x, w, gm.Q4_K, plan=plan)
+    assert _rel(got, x.double() @ ref.dequantize(w, gm.Q4_K, 1024).T) <= TOL[torch.float16]
+    assert not arrivals.counters(x.device).any()
+    assert not gm.linear_plan(40, 70, 1024, num_sms=16)["self_reduce"]   # the plans' 64-row tile: a sum launch
+
+
 def test_linear_reads_a_row_view_of_a_padded_merged_weight():
     g = torch.Generator().manual_seed(4)
     a = ref.random_blocks(gm.Q4_K, 24, 512, g)
