@@ -39,9 +39,12 @@ def test_linear_within_bound(name, dtype):
              if quantized and qtype not in mma.GRID_TYPES else ref.random_blocks(qtype, n, k, g))
         wd, w64 = w.cuda(), ref.dequantize(w, qtype, k)
         table = gm.grid_table(qtype, wd.device) if qtype in mma.GRID_TYPES else None
-        for m in (1, 2, 3, 7, 8):
+        # past 8 rows where the plans keep the type there (IQ2_XXS/IQ2_S to 32: several 8-row blocks, the last
+        # partly filled), through the plans' own dispatch
+        for m in (1, 2, 3, 7, 8) + ((17, gm.mma_linear_max_rows(qtype)) if gm.mma_linear_max_rows(qtype) > 8 else ()):
             x = torch.randn(m, k, generator=g).to(dtype)
-            got = mma.linear(x.cuda(), wd, qtype, n, sms, grid_table=table)
+            got = (mma.linear(x.cuda(), wd, qtype, n, sms, grid_table=table) if m <= mma.TOKENS
+                   else gm.gguf_linear(x.cuda(), wd, qtype, n))
             want = x.double() @ w64.T
             bound = ref.mma_error_bound(x, w, qtype, k, U[dtype]) + U[dtype] * want.abs()
             excess = ((got.double().cpu() - want).abs() - bound).max().item()
