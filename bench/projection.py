@@ -2,6 +2,7 @@
 8× H200, projected from the per-layer costs measured on a slice (issue #16).
 
     python bench/projection.py DIR/slice.json [--part a] [--prefill] [--json] [--rtx-bw-gbs 1800] ...
+                               [--mtp-json MTP_DIR/mtp.json --mtp-k 3]
 
 Input: bench/slice_serve.py's DIR/slice.json — the torch-profiler kernel time a decode step by group (GGUF MoE,
 GGUF dense, attention, indexer, norms/rope/activation, sampling, other) of a rank-of-8 slice (what one rank computes
@@ -17,7 +18,8 @@ Every assumption is printed with the table; each constant has a flag. In short:
   * two all-reduces a layer (attention output, FFN output) of 6144 × T bf16 values, one for the embedding, and one
     gather of the logits (rows × vocabulary / 8 values a rank; rows = T in decode, 1 for a prefill chunk of one
     request): latency + 2(N−1)/N × bytes / bus bandwidth (the gather: (N−1)/N × bytes);
-  * the host's part of a step (TPOT measured on the H200 minus the kernel time a step) stays as measured.
+  * the host's part of a step (TPOT measured on the H200 minus the kernel time a step) stays as measured;
+  * --mtp-json: rows with MTP, the tokens/s times the factor bench/mtp.py measured on a GPU-bound slice.
 """
 from __future__ import annotations
 
@@ -58,7 +60,8 @@ class Assumptions:
 
     def lines(self) -> list[str]:
         out = [f"model: {self.layers} layers ({self.dense_layers} dense, {self.layers - self.dense_layers} MoE), "
-               f"hidden {self.hidden}, vocabulary {self.vocab}, TP {self.tp}; no MTP draft, no expert parallel",
+               f"hidden {self.hidden}, vocabulary {self.vocab}, TP {self.tp}; no MTP draft in the main table, no "
+               "expert parallel",
                f"H200 reference: {self.measured_bw_gbs:.0f} GB/s (measured copy), {self.measured_tflops:.0f} TFLOPS "
                "dense bf16 (published)"]
         for g in self.targets:
@@ -192,6 +195,47 @@ def project(results: dict, part_key: str = "a", a: Assumptions | None = None, pr
     return out
 
 
+def mtp_factors(mtp_results: dict, k: int) -> dict:
+    """Output tokens/s with K MTP drafts over K=0 on the same model and path, by concurrency, with the acceptance,
+    from a `bench/mtp.py run --slice ...` mtp.json (a GPU-bound slice: a speculative step's cost is GPU time)."""
+    arms = mtp_results.get("arms", {})
+    with_k = [a for a in arms.values() if a.get("k") == k and a.get("throughput")]
+    if not with_k:
+        raise SystemExit(f"no K={k} arm with a throughput table in the MTP results")
+    arm = with_k[0]
+    base = next((a for a in arms.values() if a.get("k") == 0 and a.get("model") == arm["model"]
+                 and a.get("path") == arm["path"] and a.get("throughput")), None)
+    if base is None:
+        raise SystemExit(f"no K=0 arm of {arm['model']} ({arm['path']}) to compare K={k} with")
+    out = {"k": k, "model": arm["model"], "slice": mtp_results.get("slice"), "by_streams": {}}
+    for c, row in arm["throughput"].items():
+        b = base["throughput"].get(c, {}).get("output_tok_s")
+        if b and row.get("output_tok_s"):
+            out["by_streams"][int(c)] = {"factor": row["output_tok_s"] / b,
+                                         "acceptance": row.get("metrics", {}).get("acceptance")}
+    return out
+
+
+def with_mtp(proj: dict, mtp: dict) -> dict:
+    """The projection's tokens/s times the measured MTP factor at the same number of streams (rows of a window
+    without a measured factor get none)."""
+    sl = mtp.get("slice") or {}
+    proj["assumptions"].append(
+        f"MTP K={mtp['k']}: tokens/s times the factor measured on the H200 with K={mtp['k']} against none "
+        f"({sl.get('layers', '?')}-layer rank-of-{sl.get('rank_of', '?')} {sl.get('preset', '?')} slice whose MTP "
+        "layer drafts its greedy tokens), the same on every machine: a draft's acceptance, and a speculative step's "
+        "cost relative to a plain one, depend on the model, not the GPU")
+    proj["mtp"] = mtp
+    for r in proj["rows"]:
+        f = mtp["by_streams"].get(r.get("streams"))
+        if f:
+            r["mtp_factor"] = round(f["factor"], 3)
+            r["mtp_acceptance"] = f["acceptance"]
+            r["mtp_per_stream_tok_s"] = round(r["per_stream_tok_s"] * f["factor"], 1)
+            r["mtp_aggregate_tok_s"] = round(r["aggregate_tok_s"] * f["factor"], 1)
+    return proj
+
+
 def full_model_groups(results: dict, part_key: str, a: Assumptions) -> dict | None:
     """The full model's bytes by group at one rank (glm5_shim's slice planner), or None without it."""
     try:
@@ -215,6 +259,13 @@ def format_projection(p: dict) -> str:
         lines.append(f"| {r['gpu']} | {r['window']} | {r['tokens']} | {r['kernels_us'] / 1e3:.3f} | "
                      f"{r['comm_us'] / 1e3:.3f} | {r['host_us'] / 1e3:.3f} | {r['step_us'] / 1e3:.3f} | "
                      f"{r['per_stream_tok_s']} | {r['aggregate_tok_s']} |")
+    mtp_rows = [r for r in p["rows"] if "mtp_factor" in r]
+    if mtp_rows:
+        acc = lambda r: f"{r['mtp_acceptance']:.2f}" if r.get("mtp_acceptance") is not None else "?"  # noqa: E731
+        lines += ["", f"With MTP, K={p['mtp']['k']} (measured factor):", "",
+                  "| machine | window | factor (acceptance) | tok/s a stream | tok/s in all |", "|---|---|---|---|---|"]
+        lines += [f"| {r['gpu']} | {r['window']} | x{r['mtp_factor']:.2f} ({acc(r)}) | {r['mtp_per_stream_tok_s']} | "
+                  f"{r['mtp_aggregate_tok_s']} |" for r in mtp_rows]
     lines += ["", f"Reference: {p['reference']}.", "", "Kernel ms a step by group (projected):", ""]
     for r in p["rows"]:
         lines.append(f"- {r['gpu']}, {r['window']}: " + ", ".join(f"{k} {v / 1e3:.3f}"
@@ -238,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pcie-busbw-gbs", type=float, default=d.targets[0].link_busbw_gbs)
     p.add_argument("--nvlink-latency-us", type=float, default=d.targets[1].allreduce_latency_us)
     p.add_argument("--nvlink-busbw-gbs", type=float, default=d.targets[1].link_busbw_gbs)
+    p.add_argument("--mtp-json", default="", help="a bench/mtp.py --slice run's mtp.json: add rows with MTP's factor")
+    p.add_argument("--mtp-k", type=int, default=1, help="which K of --mtp-json")
     args = p.parse_args(argv)
     rtx, h200 = d.targets
     a = Assumptions(measured_bw_gbs=args.h200_bw_gbs, measured_tflops=args.h200_tflops, targets=[
@@ -246,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     results = json.loads(Path(args.slice_json).read_text())
     full = None if args.no_full_bytes else full_model_groups(results, args.part, a)
     proj = project(results, args.part, a, prefill=args.prefill, full_groups=full)
+    if args.mtp_json:
+        proj = with_mtp(proj, mtp_factors(json.loads(Path(args.mtp_json).read_text()), args.mtp_k))
     if args.json:
         proj["constants"] = asdict(a)
         print(json.dumps(proj, indent=1))

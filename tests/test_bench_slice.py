@@ -355,6 +355,31 @@ def test_projection_command_prints_every_assumption(capsys):
         projection.project(res, "b")
 
 
+def test_projection_with_the_measured_mtp_factor(tmp_path, capsys):
+    """--mtp-json: rows whose tokens/s are the plain projection's times K drafts' measured factor over K=0 at the
+    same number of streams (the factor read from the MTP run, not assumed)."""
+    def arm(k, tps):
+        return {"model": "slice-peaked-mtp", "path": "shim", "k": k,
+                "throughput": {str(c): {"output_tok_s": v, "metrics": {"acceptance": 0.8 if k else None}}
+                               for c, v in tps.items()}}
+    mtp = {"slice": {"preset": "UD-IQ2_M-like", "layers": 40, "rank_of": 8},
+           "arms": {"k0": arm(0, {1: 100.0, 4: 300.0, 32: 1000.0}), "k3": arm(3, {1: 150.0, 32: 1800.0})}}
+    f = projection.mtp_factors(mtp, 3)
+    assert f["by_streams"] == {1: {"factor": 1.5, "acceptance": 0.8}, 32: {"factor": 1.8, "acceptance": 0.8}}
+    plain = projection.project(json.loads(FIXTURE.read_text()), "a")
+    proj = projection.with_mtp(copy.deepcopy(plain), f)
+    for r, r0 in zip(proj["rows"], plain["rows"]):
+        want = 1.5 if r["streams"] == 1 else 1.8
+        assert r["mtp_per_stream_tok_s"] == round(r0["per_stream_tok_s"] * want, 1), r
+    (tmp_path / "mtp.json").write_text(json.dumps(mtp))
+    assert projection.main([str(FIXTURE), "--no-full-bytes", "--mtp-json", str(tmp_path / "mtp.json"),
+                            "--mtp-k", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "With MTP, K=3" in out and "x1.50 (0.80)" in out and "MTP K=3: tokens/s times the factor" in out
+    with pytest.raises(SystemExit, match="no K=1 arm"):
+        projection.mtp_factors(mtp, 1)
+
+
 def test_report_renders_the_fixture():
     md = report(json.loads(FIXTURE.read_text()))
     assert "## Kernel time per engine step" in md and "| a | decode_c32 | 100 |" in md
