@@ -943,7 +943,11 @@ def _split(tiles: int, steps: int, num_sms: int, ctas_per_sm: int) -> tuple[int,
 DECODE_TUNING = dict(BLOCK_N=64, num_warps=4, num_stages=3, ctas_per_sm=4)
 PREFILL_TUNING = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
 DENSE_DEQUANT_MIN_M = 128
-SELF_REDUCING_MAX_BLOCK_M = 16  # tile linears whose split planes the kernel sums itself (kernels/arrivals.py)
+# Tile linears whose split planes the kernel sums itself (kernels/arrivals.py): 16- and 32-row tiles.  H200,
+# session 9, 32 rows, µs, 32-row self-summing tiles against one 64-row tile and a sum launch: Q4_K lm_head 77 / 108,
+# q_a+kv_a 17.1 / 24.5, o_proj 14.6 / 21.5, dense down 13.1 / 18.6; Q6_K 3-12 % faster (17 of 18 TP-8 shapes faster;
+# 16-row tiles, which re-read the weight, lost on the large Q6_K shapes: lm_head 313 against 154)
+SELF_REDUCING_MAX_BLOCK_M = 32
 DEQUANT_CHUNK_BYTES = 64 << 20
 
 
@@ -954,7 +958,9 @@ def linear_plan(m: int, n: int, k: int, num_sms: int, tuning: dict | None = None
         return dict(dequant=True)
     if m <= 16:
         t = {**DECODE_TUNING, "BLOCK_M": 16, **(tuning or {})}
-    elif m <= 64:
+    elif m <= 32:
+        t = {**DECODE_TUNING, "BLOCK_M": 32, **(tuning or {})}
+    elif m <= 64:   # 33-64 rows: one 64-row tile (32-row tiles there not measured)
         t = {**DECODE_TUNING, "BLOCK_M": 64, **(tuning or {})}
     else:
         t = {**PREFILL_TUNING, "ctas_per_sm": 1, **(tuning or {})}
@@ -1006,8 +1012,9 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int, n: int | Non
     split = plan["split"]
     dst = out if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(m, plan["BLOCK_M"]), triton.cdiv(n, plan["BLOCK_N"]), split)
-    # the tile's last program sums the planes for 16-row tiles (H200: q_a+kv_a Q4_K at 1 row 13.4 µs against 15.5
-    # with a sum launch); 64-row tiles keep the sum launch (32 rows: 34 µs a call against 24, slice a, session 7)
+    # the tile's last program sums the planes for 16- and 32-row tiles (H200, q_a+kv_a Q4_K: at 1 row 13.4 µs against
+    # 15.5 with a sum launch, at 32 rows 17.1 against 18.8); 64-row tiles keep the sum launch (at 32 rows 34 µs a call
+    # against 24 in slice a, session 7; 25.4 against 24.5 in session 9's bench)
     reduce = split > 1 and plan["self_reduce"] and arrivals.in_kernel(grid[0] * grid[1])
     _linear_kernel[grid](x, qweight, _grid_arg(qtype, qweight), dst, out,
                          arrivals.counters(x.device) if reduce else out, m, n, x.stride(0), qweight.stride(0),
@@ -1253,7 +1260,8 @@ def kernel_configs() -> list[dict]:
     signature, constexprs, num_warps, num_stages, divisible_by_16 (argument names the runtime specialises)."""
     cfgs = []
     for qt in SUPPORTED_TYPES:
-        for bm, t, reduce in ((16, DECODE_TUNING, False), (16, DECODE_TUNING, True), (64, DECODE_TUNING, False),
+        for bm, t, reduce in ((16, DECODE_TUNING, False), (16, DECODE_TUNING, True), (32, DECODE_TUNING, False),
+                              (32, DECODE_TUNING, True), (64, DECODE_TUNING, False),
                               (PREFILL_TUNING["BLOCK_M"], PREFILL_TUNING, False)):
             sig = {**_LINEAR_SIG, "out_ptr": "*fp32"} if reduce else _LINEAR_SIG
             cfgs.append(dict(name=f"linear q{qt} m{bm}{' split-K reduced' if reduce else ''}", kernel=_linear_kernel,

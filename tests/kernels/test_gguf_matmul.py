@@ -68,7 +68,11 @@ def test_row_tiles_past_16_rows_sum_their_splits_either_way(tuning):
     got = gm.gguf_linear(x, w, gm.Q4_K, plan=plan)
     assert _rel(got, x.double() @ ref.dequantize(w, gm.Q4_K, 1024).T) <= TOL[torch.float16]
     assert not arrivals.counters(x.device).any()
-    assert not gm.linear_plan(40, 70, 1024, num_sms=16)["self_reduce"]   # the plans' 64-row tile: a sum launch
+    # the plans: 17-32 rows in self-summing 32-row tiles, 33-64 in one 64-row tile and a sum launch
+    assert all(gm.linear_plan(m, 70, 1024, num_sms=16)["BLOCK_M"] == 32 for m in (17, 32))
+    assert gm.linear_plan(32, 70, 1024, num_sms=16)["self_reduce"]
+    assert gm.linear_plan(40, 70, 1024, num_sms=16)["BLOCK_M"] == 64
+    assert not gm.linear_plan(40, 70, 1024, num_sms=16)["self_reduce"]
 
 
 def test_linear_reads_a_row_view_of_a_padded_merged_weight():
