@@ -945,7 +945,7 @@ PREFILL_TUNING = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
 DENSE_DEQUANT_MIN_M = 128
 # Tile linears whose split planes the kernel sums itself (kernels/arrivals.py): 16- and 32-row tiles.  H200,
 # session 9, 32 rows, µs, 32-row self-summing tiles against one 64-row tile and a sum launch: Q4_K lm_head 77 / 108,
-# q_a+kv_a 17.1 / 24.5, o_proj 14.6 / 21.5, dense down 13.1 / 18.6; Q6_K 3-12 % faster (17 of 18 TP-8 shapes faster;
+# q_a+kv_a 17.1 / 24.5, o_proj 14.6 / 21.5, dense down 13.1 / 18.6; Q6_K 7-15 % faster (17 of 18 TP-8 shapes faster;
 # 16-row tiles, which re-read the weight, lost on the large Q6_K shapes: lm_head 313 against 154)
 SELF_REDUCING_MAX_BLOCK_M = 32
 DEQUANT_CHUNK_BYTES = 64 << 20
