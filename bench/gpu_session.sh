@@ -53,7 +53,9 @@ if [[ " $steps " == *" tests "* ]]; then
     done
     log "tests done"
   else
-    log tests; timeout ${TESTS_TIMEOUT:-900} python -m pytest -q ${GPU_TESTS:-tests/gpu} -p no:cacheprovider 2>&1 | tail -80 > "$OUT/gpu_tests.log"
+    # GPU_TESTS: pytest arguments as a shell line (quotes kept: -k "a and b"), as each GPU_TEST_SHARDS entry
+    log tests; (eval "set -- ${GPU_TESTS:-tests/gpu}"; timeout ${TESTS_TIMEOUT:-900} python -m pytest -q "$@" \
+      -p no:cacheprovider 2>&1 | tail -80 > "$OUT/gpu_tests.log")
   fi
 fi
 if [[ " $steps " == *" bench "* ]]; then
