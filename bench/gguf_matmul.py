@@ -230,6 +230,7 @@ DENSE_MMA_MAX_ROWS = 64
 
 
 def bench_dense(type_names, tokens, bw, peak, gen, vg, rows, tile_rows=False):
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     for lname, (n, k) in DENSE_TP8.items():
         for name in type_names:
             qt = TYPES[name]
@@ -255,7 +256,6 @@ def bench_dense(type_names, tokens, bw, peak, gen, vg, rows, tile_rows=False):
                     row["vllm_bf16_us"] = graph_us([lambda w=w: x @ w.T for w in wbf] * 2)
                 row["shim_pct_floor"] = 100 * row["floor_us"] / row["shim_us"]
                 if gguf_mma.covers(qt, k, x.dtype, gguf_mma.KERNEL_TYPES) and t <= DENSE_MMA_MAX_ROWS:  # mma arm
-                    sms = torch.cuda.get_device_properties(0).multi_processor_count
                     tplan = gm.linear_plan(t, n, k, sms)   # an explicit plan: the tile kernels
                     tile = gm.gguf_linear(x, ws[0], qt, plan=tplan)
                     table = gm.grid_table(qt, x.device) if qt in gguf_mma.GRID_TYPES else None
@@ -266,7 +266,6 @@ def bench_dense(type_names, tokens, bw, peak, gen, vg, rows, tile_rows=False):
                                               for w in ws] * 2)
                     row["mma_pct_floor"] = 100 * row["floor_us"] / row["mma_us"]
                 if tile_rows and 16 < t <= 64:
-                    sms = torch.cuda.get_device_properties(0).multi_processor_count
                     for arm, tuning in TILE_ROW_ARMS.items():
                         aplan = gm.linear_plan(t, n, k, sms, tuning)
                         mine = gm.gguf_linear(x, ws[0], qt, plan=aplan)

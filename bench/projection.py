@@ -199,7 +199,7 @@ def mtp_factors(mtp_results: dict, k: int) -> dict:
     """Output tokens/s with K MTP drafts over K=0 on the same model and path, by concurrency, with the acceptance,
     from a `bench/mtp.py run --slice ...` mtp.json (a GPU-bound slice: a speculative step's cost is GPU time)."""
     arms = mtp_results.get("arms", {})
-    with_k = [a for a in arms.values() if a.get("k") == k and a.get("throughput")]
+    with_k = [arms[n] for n in sorted(arms) if arms[n].get("k") == k and arms[n].get("throughput")]  # first by name
     if not with_k:
         raise SystemExit(f"no K={k} arm with a throughput table in the MTP results")
     arm = with_k[0]

@@ -45,6 +45,8 @@ MMA_LINEAR_TYPES = (int(_T.Q4_K), int(_T.Q6_K), int(_T.Q5_K), int(_T.IQ2_XXS), i
 #            shapes at 16 and 32 rows; at 64 slower in five (IQ2_XXS) and seven (IQ2_S))
 #   Q4_K     lm_head 83 / 153 vs 65 / 108, q_a+kv_a 14.2 / 20.1 vs 14.2 / 24.9, q_b 7.7 / 12.0 vs 8.3 / 13.1: mixed
 #            at 16 rows, so the K-quants keep 8 (Q6_K and Q8_0 slower in most shapes from 16)
+# (the tiles then were one 64-row tile and a sum launch; the 32-row self-summing tiles that 17-32 rows run since
+# were not measured against the IQ types' register-MMA linears)
 MMA_LINEAR_MAX_ROWS = {int(_T.IQ2_XXS): 32, int(_T.IQ2_S): 32}
 # Up to how many routed rows an expert (T x top_k / experts) a MoE whose two passes both run on the register-MMA
 # kernels stays in the decode regime (moe_align's 8-row blocks, each reading its expert's weights) instead of the
