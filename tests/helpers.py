@@ -109,6 +109,31 @@ def load_mtp_in_cpu_harness(out: pathlib.Path, models: list, env: dict | None = 
     return results
 
 
+def load_mtp_tp_in_cpu_harness(out: pathlib.Path, model, tp: int) -> list[dict]:
+    """The target and its MTP draft loaded by `tp` ranks at once (tests/vllm_cpu_harness.py mtp-tp, gloo over a
+    file): one result dict per rank, rank r's draft parameters in out/<r>-draft.npz."""
+    import tempfile
+
+    out.mkdir(parents=True, exist_ok=True)
+    init_file = pathlib.Path(tempfile.mkdtemp(prefix="glm5-shim-tp-")) / "init"
+    procs = [subprocess.Popen([sys.executable, str(REPO / "tests" / "vllm_cpu_harness.py"), "mtp-tp", str(tp),
+                               str(rank), str(init_file), str(out), str(model)], env=child_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO))
+             for rank in range(tp)]
+    results = []
+    try:
+        for proc in procs:
+            stdout, stderr = proc.communicate(timeout=1500)
+            lines = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+            assert len(lines) == 1, stderr[-4000:]
+            results.append(lines[0])
+    finally:   # a rank that failed leaves the others waiting for it in the process group
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    return results
+
+
 @contextlib.contextmanager
 def shim_in_this_process(*targets: str):
     """The shim active in the pytest process for a block of tests (targets imported, so their patches apply), and

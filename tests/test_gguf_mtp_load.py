@@ -199,3 +199,50 @@ def test_a_tensor_parallel_size_that_would_cut_the_drafts_blocks_is_refused(tmp_
     line = next(line for line in with_draft["error"].splitlines() if "glm5-shim:" in line)
     assert "tensor blk.2.ffn_down_exps.weight (Q4_K, 256 values a block) cannot be split" in line
     assert line.endswith("(the MTP draft's layer; without --speculative-config the model does not load it)"), line
+
+
+def test_at_tp2_each_rank_loads_the_drafts_own_shards(tmp_path):
+    """--tensor-parallel-size 2 with the draft (issue #17 asks for TP 1 and 2; one GPU is lent, so the load is
+    checked here, on two gloo ranks): both ranks load the target and the draft, leave only the shared head to the
+    proposer, and every draft parameter is the TP-1 load's, replicated, split in two along one dimension, or (the
+    merged gate/up of the experts and the shared expert) each half of gate then each half of up."""
+    from tests.helpers import load_mtp_tp_in_cpu_harness
+
+    # widths that split at TP 2 in whole Q4_K blocks (expert and dense down projections: 512 values, 2 blocks)
+    path = make_tiny(tmp_path / "tp2.gguf", quant="Q4_K", layers=2, intermediate=512, moe_intermediate=512,
+                     write_reference=False)[0]
+    one = load_mtp_tp_in_cpu_harness(tmp_path / "tp1", path, 1)
+    two = load_mtp_tp_in_cpu_harness(tmp_path / "tp2", path, 2)
+    for rank in one + two:
+        assert rank["ok"], rank
+        assert rank["uninitialised"] == ["model.layers.2.shared_head.head.qweight"]
+        assert rank["shares"] == {"embed_tokens": True, "shared_head.head": True}
+    full = np.load(tmp_path / "tp1" / "0-draft.npz")
+    ranks = [np.load(tmp_path / "tp2" / f"{r}-draft.npz") for r in (0, 1)]
+    merged = ("gate_up_proj.qweight", "w13_qweight")
+    kinds = {}
+    for name in full.files:
+        if name == "model.embed_tokens.weight":   # not the file's: the proposer gives the draft the target's
+            continue
+        a, parts = full[name], [r[name] for r in ranks]
+        if parts[0].shape == a.shape:
+            assert all(np.array_equal(p, a) for p in parts), name
+            kinds[name] = "replicated"
+            continue
+        dims = [d for d in range(a.ndim) if parts[0].shape[d] != a.shape[d]]
+        assert len(dims) == 1 and parts[0].shape == parts[1].shape, (name, a.shape, parts[0].shape)
+        d = dims[0]
+        if name.endswith(merged):
+            gate, up = np.split(a, 2, axis=d)
+            want = [np.concatenate([np.split(gate, 2, axis=d)[r], np.split(up, 2, axis=d)[r]], axis=d) for r in (0, 1)]
+        else:
+            want = np.split(a, 2, axis=d)
+        assert all(np.array_equal(p, w) for p, w in zip(parts, want)), name
+        kinds[name] = f"split {d}"
+    # vLLM's layout at TP 2: heads and expert widths split, the latent projections and eh_proj replicated
+    blk = "model.layers.2.mtp_block."
+    assert kinds[blk + "self_attn.q_b_proj.qweight"] == "split 0"
+    assert kinds[blk + "self_attn.o_proj.qweight"] == "split 1"
+    assert kinds[blk + "mlp.experts.w13_qweight"] == "split 1" and kinds[blk + "mlp.experts.w2_qweight"] == "split 2"
+    assert kinds[blk + "self_attn.fused_qkv_a_proj.qweight"] == "replicated"
+    assert kinds["model.layers.2.eh_proj.weight"] == "replicated"

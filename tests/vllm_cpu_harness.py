@@ -4,6 +4,7 @@ Run as a script (the shim activated through PYTHONPATH, as launch.sh does):
     python tests/vllm_cpu_harness.py OUT_DIR MODEL.gguf [MODEL.gguf ...]
     python tests/vllm_cpu_harness.py configs '[{"model": ...EngineArgs kwargs...}, ...]'  (config + tokenizer)
     python tests/vllm_cpu_harness.py mtp OUT_DIR MODEL.gguf [...]  (the target, then vLLM's MTP draft of it)
+    python tests/vllm_cpu_harness.py mtp-tp TP RANK INIT_FILE OUT_DIR MODEL.gguf  (one rank of the same at TP > 1)
 For each model it writes OUT_DIR/<i>.npz (every parameter as loaded: float arrays, or raw uint8 GGUF blocks
 with their GGML type) and prints one JSON line of results; in mtp mode the draft's parameters go to
 OUT_DIR/<i>-draft.npz, and the JSON line also says what vLLM's proposer then shares with the target.
@@ -137,7 +138,7 @@ def _indexer_layout(model, cfg) -> dict:
             "index_topk_pattern": getattr(cfg.model_config.hf_config, "index_topk_pattern", None)}
 
 
-def _load_target_and_draft(model_path: str, out_dir: str, i: int, init) -> dict:
+def _load_target_and_draft(model_path: str, out_dir: str, i: int, init, tp: int = 1) -> dict:
     """What vLLM's MTP proposer does at start-up, on the CPU: build the engine config with --speculative-config
     method "mtp", load the target, load the draft as SpecDecodeBaseProposer._get_model does (its draft VllmConfig,
     the draft's model and load config), then give it the target's embedding and lm_head with the proposer's own
@@ -150,7 +151,7 @@ def _load_target_and_draft(model_path: str, out_dir: str, i: int, init) -> dict:
     from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
 
     result = {"model": model_path}
-    cfg = EngineArgs(model=model_path, enforce_eager=True, max_model_len=512, dtype="float32",
+    cfg = EngineArgs(model=model_path, enforce_eager=True, max_model_len=512, dtype="float32", tensor_parallel_size=tp,
                      speculative_config={"method": "mtp", "num_speculative_tokens": 1}).create_engine_config()
     spec = cfg.speculative_config
     draft_config = spec.draft_model_config
@@ -272,6 +273,25 @@ def mtp(out_dir: str, models: list[str]) -> None:
         print(json.dumps(result), flush=True)
 
 
+def mtp_tp(tp: int, rank: int, init_file: str, out_dir: str, model: str) -> None:
+    """One rank of a TP group (gloo, `tp` processes sharing init_file): the target and the MTP draft as that rank
+    loads them; the draft's parameters in OUT_DIR/<rank>-draft.npz."""
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+
+    def init():
+        init_distributed_environment(world_size=tp, rank=rank, local_rank=rank, backend="gloo",
+                                     distributed_init_method=f"file://{init_file}")
+        initialize_model_parallel(tp, 1)
+
+    try:
+        result = _load_target_and_draft(model, out_dir, rank, init, tp=tp)
+        result["ok"] = True
+    except Exception as exc:
+        result = {"model": model, "ok": False, "error": f"{type(exc).__name__}: {exc}",
+                  "frames": [f.name for f in traceback.extract_tb(exc.__traceback__)]}
+    print(json.dumps(result), flush=True)
+
+
 def main(argv: list[str]) -> int:
     if argv[0] == "configs":
         _install_cpu_scaffolding()
@@ -280,6 +300,10 @@ def main(argv: list[str]) -> int:
     if argv[0] == "mtp":
         _install_cpu_scaffolding()
         mtp(argv[1], argv[2:])
+        return 0
+    if argv[0] == "mtp-tp":
+        _install_cpu_scaffolding()
+        mtp_tp(int(argv[1]), int(argv[2]), argv[3], argv[4], argv[5])
         return 0
     out_dir, models = argv[0], argv[1:]
     _install_cpu_scaffolding()
