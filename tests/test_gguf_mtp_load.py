@@ -201,24 +201,26 @@ def test_a_tensor_parallel_size_that_would_cut_the_drafts_blocks_is_refused(tmp_
     assert line.endswith("(the MTP draft's layer; without --speculative-config the model does not load it)"), line
 
 
-def test_at_tp2_each_rank_loads_the_drafts_own_shards(tmp_path):
-    """--tensor-parallel-size 2 with the draft (issue #17 asks for TP 1 and 2; one GPU is lent, so the load is
-    checked here, on two gloo ranks): both ranks load the target and the draft, leave only the shared head to the
-    proposer, and every draft parameter is the TP-1 load's, replicated, split in two along one dimension, or (the
-    merged gate/up of the experts and the shared expert) each half of gate then each half of up."""
+@pytest.mark.parametrize("tp", [2, 8])
+def test_at_tp_n_each_rank_loads_the_drafts_own_shards(tmp_path, tp):
+    """--tensor-parallel-size 2 and 8 (the 8-GPU box) with the draft (issue #17 asks for TP 1 and 2; one GPU is
+    lent, so the load is checked here, on gloo ranks): every rank loads the target and the draft, leaves only the
+    shared head to the proposer, and every draft parameter is the TP-1 load's, replicated, split in tp along one
+    dimension, or (the merged gate/up of the experts and the shared expert) its part of gate then its part of up."""
     from tests.helpers import load_mtp_tp_in_cpu_harness
 
-    # widths that split at TP 2 in whole Q4_K blocks (expert and dense down projections: 512 values, 2 blocks)
-    path = make_tiny(tmp_path / "tp2.gguf", quant="Q4_K", layers=2, intermediate=512, moe_intermediate=512,
-                     write_reference=False)[0]
+    # widths that split in whole Q4_K blocks at this TP (down projections: 256 values a rank), a head or more a rank
+    width = 256 * tp
+    path = make_tiny(tmp_path / "tp.gguf", quant="Q4_K", layers=2, heads=max(4, tp), intermediate=width,
+                     moe_intermediate=width, write_reference=False)[0]
     one = load_mtp_tp_in_cpu_harness(tmp_path / "tp1", path, 1)
-    two = load_mtp_tp_in_cpu_harness(tmp_path / "tp2", path, 2)
-    for rank in one + two:
+    many = load_mtp_tp_in_cpu_harness(tmp_path / "tpn", path, tp)
+    for rank in one + many:
         assert rank["ok"], rank
         assert rank["uninitialised"] == ["model.layers.2.shared_head.head.qweight"]
         assert rank["shares"] == {"embed_tokens": True, "shared_head.head": True}
     full = np.load(tmp_path / "tp1" / "0-draft.npz")
-    ranks = [np.load(tmp_path / "tp2" / f"{r}-draft.npz") for r in (0, 1)]
+    ranks = [np.load(tmp_path / "tpn" / f"{r}-draft.npz") for r in range(tp)]
     merged = ("gate_up_proj.qweight", "w13_qweight")
     kinds = {}
     for name in full.files:
@@ -230,16 +232,16 @@ def test_at_tp2_each_rank_loads_the_drafts_own_shards(tmp_path):
             kinds[name] = "replicated"
             continue
         dims = [d for d in range(a.ndim) if parts[0].shape[d] != a.shape[d]]
-        assert len(dims) == 1 and parts[0].shape == parts[1].shape, (name, a.shape, parts[0].shape)
+        assert len(dims) == 1 and all(p.shape == parts[0].shape for p in parts), (name, a.shape, parts[0].shape)
         d = dims[0]
         if name.endswith(merged):
-            gate, up = np.split(a, 2, axis=d)
-            want = [np.concatenate([np.split(gate, 2, axis=d)[r], np.split(up, 2, axis=d)[r]], axis=d) for r in (0, 1)]
+            gate, up = (np.split(half, tp, axis=d) for half in np.split(a, 2, axis=d))
+            want = [np.concatenate([gate[r], up[r]], axis=d) for r in range(tp)]
         else:
-            want = np.split(a, 2, axis=d)
+            want = np.split(a, tp, axis=d)
         assert all(np.array_equal(p, w) for p, w in zip(parts, want)), name
         kinds[name] = f"split {d}"
-    # vLLM's layout at TP 2: heads and expert widths split, the latent projections and eh_proj replicated
+    # vLLM's layout: heads and expert widths split, the latent projections and eh_proj replicated
     blk = "model.layers.2.mtp_block."
     assert kinds[blk + "self_attn.q_b_proj.qweight"] == "split 0"
     assert kinds[blk + "self_attn.o_proj.qweight"] == "split 1"
