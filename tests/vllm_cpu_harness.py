@@ -4,7 +4,7 @@ Run as a script (the shim activated through PYTHONPATH, as launch.sh does):
     python tests/vllm_cpu_harness.py OUT_DIR MODEL.gguf [MODEL.gguf ...]
     python tests/vllm_cpu_harness.py configs '[{"model": ...EngineArgs kwargs...}, ...]'  (config + tokenizer)
     python tests/vllm_cpu_harness.py mtp OUT_DIR MODEL.gguf [...]  (the target, then vLLM's MTP draft of it)
-    python tests/vllm_cpu_harness.py mtp-tp TP RANK INIT_FILE OUT_DIR MODEL.gguf  (one rank of the same at TP > 1)
+    python tests/vllm_cpu_harness.py mtp-tp TP RANK INIT_FILE OUT_DIR MODEL.gguf  (rank RANK of the same at TP)
 For each model it writes OUT_DIR/<i>.npz (every parameter as loaded: float arrays, or raw uint8 GGUF blocks
 with their GGML type) and prints one JSON line of results; in mtp mode the draft's parameters go to
 OUT_DIR/<i>-draft.npz, and the JSON line also says what vLLM's proposer then shares with the target.
@@ -249,7 +249,9 @@ def _fp16_block_scaling(block, x) -> dict:
     return out
 
 
-def mtp(out_dir: str, models: list[str]) -> None:
+def mtp(out_dir: str, models: list[str], tp: int = 1, rank: int = 0, init_file: str | None = None) -> None:
+    """Each model's target and MTP draft as rank `rank` of a TP group of `tp` (gloo over init_file, shared by the
+    group's processes) loads them; the draft's parameters in OUT_DIR/<i x tp + rank>-draft.npz, one JSON line each."""
     import tempfile as _tempfile
 
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
@@ -258,38 +260,19 @@ def mtp(out_dir: str, models: list[str]) -> None:
 
     def init():
         if not state["initialized"]:
-            init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                         distributed_init_method=f"file://{_tempfile.mktemp()}")
-            initialize_model_parallel(1, 1)
+            init_distributed_environment(world_size=tp, rank=rank, local_rank=rank, backend="gloo",
+                                         distributed_init_method=f"file://{init_file or _tempfile.mktemp()}")
+            initialize_model_parallel(tp, 1)
             state["initialized"] = True
 
     for i, model_path in enumerate(models):
         try:
-            result = _load_target_and_draft(model_path, out_dir, i, init)
+            result = _load_target_and_draft(model_path, out_dir, i * tp + rank, init, tp=tp)
             result["ok"] = True
         except Exception as exc:
             result = {"model": model_path, "ok": False, "error": f"{type(exc).__name__}: {exc}",
                       "frames": [f.name for f in traceback.extract_tb(exc.__traceback__)]}
         print(json.dumps(result), flush=True)
-
-
-def mtp_tp(tp: int, rank: int, init_file: str, out_dir: str, model: str) -> None:
-    """One rank of a TP group (gloo, `tp` processes sharing init_file): the target and the MTP draft as that rank
-    loads them; the draft's parameters in OUT_DIR/<rank>-draft.npz."""
-    from vllm.distributed import init_distributed_environment, initialize_model_parallel
-
-    def init():
-        init_distributed_environment(world_size=tp, rank=rank, local_rank=rank, backend="gloo",
-                                     distributed_init_method=f"file://{init_file}")
-        initialize_model_parallel(tp, 1)
-
-    try:
-        result = _load_target_and_draft(model, out_dir, rank, init, tp=tp)
-        result["ok"] = True
-    except Exception as exc:
-        result = {"model": model, "ok": False, "error": f"{type(exc).__name__}: {exc}",
-                  "frames": [f.name for f in traceback.extract_tb(exc.__traceback__)]}
-    print(json.dumps(result), flush=True)
 
 
 def main(argv: list[str]) -> int:
@@ -303,7 +286,7 @@ def main(argv: list[str]) -> int:
         return 0
     if argv[0] == "mtp-tp":
         _install_cpu_scaffolding()
-        mtp_tp(int(argv[1]), int(argv[2]), argv[3], argv[4], argv[5])
+        mtp(argv[4], [argv[5]], tp=int(argv[1]), rank=int(argv[2]), init_file=argv[3])
         return 0
     out_dir, models = argv[0], argv[1:]
     _install_cpu_scaffolding()
