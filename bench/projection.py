@@ -236,16 +236,19 @@ def with_mtp(proj: dict, mtp: dict) -> dict:
     return proj
 
 
-def full_model_groups(results: dict, part_key: str, a: Assumptions) -> dict | None:
-    """The full model's bytes by group at one rank (glm5_shim's slice planner), or None without it."""
-    try:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from slice_parts.weights import plan_groups
+def full_model_groups(results: dict, part_key: str, a: Assumptions) -> dict:
+    """The full model's bytes by group at one rank (glm5_shim's slice planner).  A failure stops the projection
+    (--no-full-bytes assumes the slice's bytes a layer instead): session 8's projection had silently fallen back to
+    the slice's bytes, 31.3 tok/s single stream where the full model's byte mix gives 31.5."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from slice_parts.weights import plan_groups
 
-        sl = results["slices"][results["parts"][part_key]["slice"]]
+    sl = results["slices"][results["parts"][part_key]["slice"]]
+    try:
         return plan_groups(a.layers, a.dense_layers, sl["preset"], a.tp)
-    except Exception:  # noqa: BLE001 - the projection then assumes the slice's per-layer bytes
-        return None
+    except Exception as exc:  # noqa: BLE001 - one line naming what failed
+        raise SystemExit(f"the full model's bytes a layer could not be planned for preset {sl['preset']!r} "
+                         f"({type(exc).__name__}: {exc}); --no-full-bytes assumes the slice's") from exc
 
 
 def format_projection(p: dict) -> str:

@@ -341,6 +341,16 @@ def test_projection_uses_the_full_models_bytes_a_layer():
                                                                     rel=1e-3)
 
 
+def test_projection_stops_when_the_full_model_cannot_be_planned():
+    """No silent fallback to the slice's bytes a layer (session 8's projection had one): one line, and the flag
+    that makes that assumption explicit."""
+    res = json.loads(FIXTURE.read_text())
+    assert projection.full_model_groups(res, "a", projection.Assumptions())["routed_per_moe_layer"] > 0
+    res["slices"]["r8-Q4_K_M"]["preset"] = "Q9_K_XL"
+    with pytest.raises(SystemExit, match="preset 'Q9_K_XL'.*--no-full-bytes"):
+        projection.full_model_groups(res, "a", projection.Assumptions())
+
+
 def test_projection_command_prints_every_assumption(capsys):
     assert projection.main([str(FIXTURE), "--no-full-bytes"]) == 0
     out = capsys.readouterr().out
