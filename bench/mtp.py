@@ -219,7 +219,7 @@ def throughput_lines(results: dict) -> list[str]:
 
 def run(args) -> int:
     from e2e_parts.run import gpu_name
-    from e2e_parts.servers import start, stop, wait_ready
+    from e2e_parts.servers import free_port_from, start, stop, wait_ready
     from glm5_shim.gguf.fixture import PEAKED, PEAKED_MTP, draft_acceptance, make_tiny, reference_dir
 
     out = Path(args.out)
@@ -255,8 +255,10 @@ def run(args) -> int:
         models[model] = str(path)
     results["models"] = models
     save = lambda: (out / "mtp.json").write_text(json.dumps(results, indent=1))  # noqa: E731
-    for i, arm in enumerate(arms):
-        arm.port = args.base_port + i
+    port = args.base_port
+    for arm in arms:
+        arm.port = port = free_port_from(port)
+        port += 1
         start(arm, models, out, args.tp, args.dtype, ("--speculative-config", speculative_config(arm.k)) if arm.k
               else ())
     try:

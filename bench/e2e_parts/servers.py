@@ -22,6 +22,21 @@ SHARED_GPU_LIMITS = ("--max-model-len", str(MAX_MODEL_LEN), "--gpu-memory-utiliz
                      "--kv-cache-memory-bytes", str(1 << 30))
 
 
+def free_port_from(port: int, tries: int = 200) -> int:
+    """The first port at or after `port` that nothing listens on or holds: a fixed base plus an index can land on a
+    port a client connection took as its ephemeral port (CI saw `address already in use` that way)."""
+    import socket
+
+    for p in range(port, port + tries):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", p))
+            except OSError:
+                continue
+            return p
+    raise RuntimeError(f"no free port in {port}..{port + tries - 1}")
+
+
 def start(arm: Arm, models: dict[str, str], out: Path, tp: int, dtype: str = "", extra: tuple[str, ...] = (),
           limits: tuple[str, ...] = SHARED_GPU_LIMITS) -> None:
     """Start the arm's server (models: arm.quant → GGUF path); extra: more `vllm serve` arguments; limits: the

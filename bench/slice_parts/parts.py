@@ -13,7 +13,7 @@ from pathlib import Path
 
 from e2e_parts.arms import Arm
 from e2e_parts.run import gpu_name, used_mib
-from e2e_parts.servers import start, stop, wait_ready
+from e2e_parts.servers import free_port_from, start, stop, wait_ready
 from e2e_parts.throughput import ordinary_vocab
 from e2e_parts.vllm_log import kept_lines, startup_numbers
 
@@ -260,7 +260,7 @@ class Runner:
         trace_dir = self.out / "traces" / part.key
         trace_dir.mkdir(parents=True, exist_ok=True)
         arm = SliceArm(f"{part.key}-{part.slice}-{part.path}" + ("-kernels-off" if part.kernels != "shim" else ""),
-                       part.slice, "auto", part.path, port=self.args.base_port + self.servers_started,
+                       part.slice, "auto", part.path, port=free_port_from(self.args.base_port + self.servers_started),
                        kernels=part.kernels, server_key=part.server_key, trace_dir=trace_dir,
                        extra_env=part.env)
         limits, extra = serve_flags(trace_dir)
