@@ -4,15 +4,23 @@
 #   bash bench/llama_bench.sh prepare [SDIST_DIR] [DEST]   on this machine: copy the llama.cpp tree vendored in the
 #        llama-cpp-python sdist (default /tmp/lcp/llama_cpp_python-0.3.36) into DEST (default .gpu/llamacpp), trimmed
 #        to what a CUDA build of llama-bench needs (ggml with its CPU and CUDA backends, src, include, common,
-#        vendor, cmake, tools/llama-bench); prints its size (carry it: well under 30 MiB)
+#        vendor, cmake, tools/llama-bench, tools/batched-bench); prints its size (carry it: about 17 MiB)
 #   bash bench/llama_bench.sh build [DEST]                 on the GPU machine: cmake + ninja, GGML_CUDA=ON,
-#        CMAKE_CUDA_ARCHITECTURES=90, only the llama-bench target (BUILD_DIR, default /tmp/llamacpp-build); the
+#        CMAKE_CUDA_ARCHITECTURES=90, only the llama-bench and llama-batched-bench targets (BUILD_DIR, default
+#        /tmp/llamacpp-build; JOBS parallel compiles, default all cores); the
 #        FlashAttention kernels (most of the template instances) compile as empty stubs (GGML_CUDA_FA=OFF: llama.cpp
 #        then attends without FA) unless BUILD_FA=ON, to fit the build in a device call; cuBLAS from the nvidia wheels when the toolkit is nvcc alone (run it after
 #        sourcing /tmp/vllm_site/env.sh); CONFIGURE_ONLY=1 stops after cmake
 #   bash bench/llama_bench.sh run SLICE.gguf [ARGS...]     llama-bench on the slice: all layers on the GPU,
 #        prompt 2048 and 128 generated tokens by default (LLAMA_BENCH_ARGS replaces "-p 2048 -n 128 -r 3"), markdown
 #        to stdout
+#   bash bench/llama_bench.sh batched SLICE.gguf [ARGS...] llama-batched-bench: NPL parallel sequences (default
+#        1,8,32), each its own NPP-token prompt (default 2048) then NTG generated tokens (default 128), all layers on
+#        the GPU; prints its table (S_TG t/s: generated tokens/s over all sequences, what slice_serve calls decode
+#        tok/s at that concurrency)
+#   bash bench/llama_bench.sh slices OUT.md [NAME ...]    both benchmarks on bench/slice_serve.py's slices (default
+#        r8-Q4_K_M r8-IQ2_M), made in SLICE_DIR (default /tmp/slices, slice_serve's) unless there: the same bytes
+#        (seed 0) slice_serve serves; markdown to OUT.md
 # In a device call, e.g. with carry [".gpu/bundle_slim", ".whl", ".gpu/llamacpp"]:
 #   bash bench/llama_bench.sh build && python -m glm5_shim make-slice /tmp/s.gguf --layers 4 --dense-layers 1 \
 #     --preset Q4_K_M --rank-of 8 --quiet && bash bench/llama_bench.sh run /tmp/s.gguf > $OUT/llama_bench.md
@@ -31,9 +39,9 @@ case "$cmd" in
     cp -r "$src/vendor/nlohmann" "$src/vendor/sheredom" "$src/vendor/cpp-httplib" "$dest/vendor/"
     printf '%s\n' 'add_subdirectory(nlohmann)' 'add_subdirectory(sheredom)' \
       'if (LLAMA_BUILD_COMMON)' '    add_subdirectory(cpp-httplib)' 'endif()' > "$dest/vendor/CMakeLists.txt"
-    cp -r "$src/tools/llama-bench" "$dest/tools/"
-    # tools/CMakeLists.txt: llama-bench alone
-    echo 'add_subdirectory(llama-bench)' > "$dest/tools/CMakeLists.txt"
+    cp -r "$src/tools/llama-bench" "$src/tools/batched-bench" "$dest/tools/"
+    # tools/CMakeLists.txt: the two benchmarks alone
+    printf '%s\n' 'add_subdirectory(llama-bench)' 'add_subdirectory(batched-bench)' > "$dest/tools/CMakeLists.txt"
     cp "$src/ggml/CMakeLists.txt" "$dest/ggml/"
     cp -r "$src/ggml/cmake" "$src/ggml/include" "$dest/ggml/"
     find "$src/ggml/src" -maxdepth 1 -type f -exec cp {} "$dest/ggml/src/" \;
@@ -69,9 +77,9 @@ case "$cmd" in
       -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_APP=OFF -DBUILD_SHARED_LIBS=OFF > "$build.cmake.log" 2>&1 \
       || { tail -30 "$build.cmake.log"; exit 1; }
     [[ -z "${CONFIGURE_ONLY:-}" ]] || { echo "configured in $((SECONDS - t0)) s: $build"; exit 0; }
-    cmake --build "$build" --target llama-bench -j "$(nproc)" > "$build.build.log" 2>&1 \
+    cmake --build "$build" --target llama-bench llama-batched-bench -j "${JOBS:-$(nproc)}" > "$build.build.log" 2>&1 \
       || { grep -m5 -B2 -A8 "error" "$build.build.log"; tail -5 "$build.build.log"; exit 1; }
-    echo "llama-bench built in $((SECONDS - t0)) s: $build/bin/llama-bench"
+    echo "llama-bench and llama-batched-bench built in $((SECONDS - t0)) s: $build/bin"
     ;;
   run)
     model=${1:?SLICE.gguf}; shift || true
@@ -79,6 +87,27 @@ case "$cmd" in
     # shellcheck disable=SC2086
     "$bin" -m "$model" -ngl 999 ${LLAMA_BENCH_ARGS:--p 2048 -n 128 -r 3} -o md "$@"
     ;;
+  batched)
+    model=${1:?SLICE.gguf}; shift || true
+    bin=${BUILD_DIR:-/tmp/llamacpp-build}/bin/llama-batched-bench
+    npp=${NPP:-2048}; ntg=${NTG:-128}; npl=${NPL:-1,8,32}
+    # the context holds every sequence's prompt and output (no shared prompt)
+    ctx=$(( (npp + ntg) * $(tr ',' '\n' <<< "$npl" | sort -n | tail -1) ))
+    "$bin" -m "$model" -ngl 999 -c "$ctx" -b 2048 -ub 512 -npp "$npp" -ntg "$ntg" -npl "$npl" "$@"
+    ;;
+  slices)
+    out=${1:?OUT.md}; shift || true
+    names=("$@"); (( ${#names[@]} )) || names=(r8-Q4_K_M r8-IQ2_M)
+    here=$(cd "$(dirname "$0")" && pwd)
+    for name in "${names[@]}"; do
+      path=$(cd "$here" && python3 -c "import sys; from pathlib import Path; from slice_parts.parts import \
+make_slice_file as m; print(m(sys.argv[1], Path(sys.argv[2]))['path'])" "$name" "${SLICE_DIR:-/tmp/slices}") || exit 1
+      { echo "## $name ($path)"; echo; echo "llama-bench ${LLAMA_BENCH_ARGS:--p 2048 -n 128 -r 3}:"; echo
+        bash "$0" run "$path" 2>&1 | grep -v "^ggml_\|^load\|^print_info\|^llama_"; echo
+        echo "llama-batched-bench, npp ${NPP:-2048} ntg ${NTG:-128} npl ${NPL:-1,8,32}:"; echo
+        bash "$0" batched "$path" 2>&1 | grep -E "^\||^main:|error|failed"; echo; } >> "$out"
+    done
+    ;;
   *)
-    sed -n 2,18p "$0"; exit 2 ;;
+    sed -n 2,25p "$0"; exit 2 ;;
 esac
