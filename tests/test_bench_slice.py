@@ -341,6 +341,32 @@ def test_projection_uses_the_full_models_bytes_a_layer():
                                                                     rel=1e-3)
 
 
+def test_latency_held_projection_scales_only_each_groups_floor():
+    """The optimistic table: time above a group's bandwidth floor stays as on the H200, the floor scales."""
+    res = json.loads(FIXTURE.read_text())
+    a = projection.Assumptions()
+    rows = _rows(projection.project(res, "a", a))
+    g = res["slices"]["r8-Q4_K_M"]["bytes_by_group"]
+    scale = projection.byte_scale(g, None)
+    for window, streams in (("decode_c1", 1), ("decode_c32", 32)):
+        rtx, h200 = rows[("8x RTX PRO 6000 Blackwell", window)], rows[("8x H200", window)]
+        assert h200["held_us_by_group"] == h200["scaled_us_by_group"]  # same bandwidth: nothing to hold
+        floors = projection.floor_bytes(a, g, scale, streams, 2048, g["lm_head"])
+        for k, v in h200["h200_us_by_group"].items():
+            f_h200, f_rtx = floors.get(k, 0) / 4270e3, floors.get(k, 0) / 1800e3
+            assert rtx["held_us_by_group"][k] == pytest.approx(max(v - f_h200, 0) + f_rtx, abs=0.1)
+            assert rtx["held_us_by_group"][k] <= rtx["scaled_us_by_group"][k] + 0.1
+        assert rtx["held_us_by_group"]["norm_rope_act"] == h200["scaled_us_by_group"]["norm_rope_act"]
+        assert rtx["held_per_stream_tok_s"] > rtx["per_stream_tok_s"]
+    # uniform routing: one token touches top_k experts, many tokens nearly all of them
+    one, many = (projection.floor_bytes(a, g, scale, t, 2048, 0)["gguf_moe"] for t in (1, 4096))
+    assert one == pytest.approx(75 * g["routed_per_moe_layer"] * 8 / 256)
+    assert many == pytest.approx(75 * g["routed_per_moe_layer"], rel=1e-6)
+    # a prefill chunk gets no latency-held variant
+    res["parts"]["a"]["profile"]["prefill"] = {"per_step_us": {"gguf_moe": 1.0}, "in_len": 8192}
+    assert all("held_step_us" not in r for r in projection.project(res, "a", a, prefill=True)["rows"])
+
+
 def test_projection_stops_when_the_full_model_cannot_be_planned():
     """No silent fallback to the slice's bytes a layer (session 8's projection had one): one line, and the flag
     that makes that assumption explicit."""
