@@ -109,29 +109,45 @@ def load_mtp_in_cpu_harness(out: pathlib.Path, models: list, env: dict | None = 
     return results
 
 
-def load_mtp_tp_in_cpu_harness(out: pathlib.Path, model, tp: int) -> list[dict]:
+def load_mtp_tp_in_cpu_harness(out: pathlib.Path, model, tp: int, timeout: float = 1500) -> list[dict]:
     """The target and its MTP draft loaded by `tp` ranks at once (tests/vllm_cpu_harness.py mtp-tp, gloo over a
-    file): one result dict per rank, rank r's draft parameters in out/<r>-draft.npz."""
+    file): one result dict per rank, rank r's draft parameters in out/<r>-draft.npz.  The ranks are watched
+    together: the first that fails stops the others at once (they would wait for it in the process group until
+    the timeout): a crash is an assertion with its stderr, a reported failure (ok false) the only result returned."""
     import tempfile
+    import time
 
     out.mkdir(parents=True, exist_ok=True)
     init_file = pathlib.Path(tempfile.mkdtemp(prefix="glm5-shim-tp-")) / "init"
+    logs = [(out / f"{rank}.stdout", out / f"{rank}.stderr") for rank in range(tp)]
     procs = [subprocess.Popen([sys.executable, str(REPO / "tests" / "vllm_cpu_harness.py"), "mtp-tp", str(tp),
                                str(rank), str(init_file), str(out), str(model)], env=child_env(),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO))
+                              stdout=open(logs[rank][0], "w"), stderr=open(logs[rank][1], "w"), text=True,
+                              cwd=str(REPO))
              for rank in range(tp)]
-    results = []
+    def result(rank: int) -> dict:
+        lines = [json.loads(line) for line in logs[rank][0].read_text().splitlines() if line.startswith("{")]
+        assert procs[rank].returncode == 0 and len(lines) == 1, (
+            f"rank {rank} of {tp} exited with {procs[rank].returncode}: " + logs[rank][1].read_text()[-4000:])
+        return lines[0]
+
     try:
-        for proc in procs:
-            stdout, stderr = proc.communicate(timeout=1500)
-            lines = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
-            assert len(lines) == 1, stderr[-4000:]
-            results.append(lines[0])
-    finally:   # a rank that failed leaves the others waiting for it in the process group
+        deadline, done = time.monotonic() + timeout, {}
+        while len(done) < tp:
+            for rank, proc in enumerate(procs):
+                if rank not in done and proc.poll() is not None:
+                    done[rank] = result(rank)
+                    if not done[rank].get("ok"):   # the caller asserts on it; the other ranks need not finish
+                        return [done[rank]]
+            assert time.monotonic() < deadline, f"ranks {sorted(set(range(tp)) - set(done))} still running after " \
+                                                f"{timeout} s"
+            time.sleep(0.5)
+        return [done[rank] for rank in range(tp)]
+    finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
-    return results
+                proc.wait()
 
 
 @contextlib.contextmanager
