@@ -21,7 +21,10 @@ DIR/mtp.md, one line per check:
   * acceptance = accepted / draft tokens; for K=1 against the float32 reference's on the arm's own tokens
     (draft_acceptance): peaked-mtp near 1, peaked near 0;
   * the seconds per output token with and without the draft (a tiny model: overhead-bound, for information);
-  * output tokens/s at each --throughput concurrency, and the ratio to K=0 on the same path.
+  * output tokens/s at each --throughput concurrency, and the ratio to K=0 on the same path;
+  * with --profile C: each arm's kernels in a torch-profiler window of decode at concurrency C, grouped as in
+    bench/slice_serve.py, a target step (drafting included) against K=0's: what a speculative step costs, by group,
+    and the speed-up that cost allows at the measured acceptance ((1 + accepted a step) / cost).
 --slice PRESET serves a rank-of-8 slice of GLM-5 at its real sizes with its MTP layer (make-slice --mtp; 4 layers,
 or --slice-layers N) instead, at K=0 and every K: random weights accept almost no draft, so it measures what a
 speculative step costs where a step is GPU time (speed-up ~ (1 + accepted per step) / that cost) and greedy equality
@@ -164,7 +167,45 @@ def report(results: dict) -> str:
     for check, ok, detail in summarize(results):
         rows.append(f"| {check} | {'-' if ok is None else 'PASS' if ok else 'FAIL'} | {detail} |")
     rows += throughput_lines(results)
+    rows += profile_lines(results)
     return "\n".join(rows) + "\n"
+
+
+def step_cost(results: dict, name: str, concurrency: str) -> dict | None:
+    """A speculative arm's profiled step against its K=0 arm's at one concurrency: kernel µs a step by group (each
+    target step with its drafting), the cost ratio, accepted tokens a step, and the speed-up they allow."""
+    arms = results["arms"]
+    arm = arms[name]
+    base = arms.get(arm_name(arm["model"], arm["path"], 0), {})
+    mine, theirs = (a.get("profile", {}).get(concurrency, {}).get("per_step_us") for a in (arm, base))
+    if not mine or not theirs:
+        return None
+    cost = sum(mine.values()) / sum(theirs.values())
+    m = arm.get("throughput", {}).get(concurrency, {}).get("metrics", {})
+    accepted = m["accepted"] / m["drafts"] if m.get("drafts") else None
+    return {"by_group": {g: (theirs.get(g, 0.0), mine.get(g, 0.0)) for g in mine}, "cost": cost,
+            "accepted_per_step": accepted, "allowed": (1 + accepted) / cost if accepted is not None else None}
+
+
+def profile_lines(results: dict) -> list[str]:
+    """Markdown: per speculative arm and profiled concurrency, kernel µs a step by group, K=0 → K."""
+    rows = []
+    for name, arm in sorted(results["arms"].items()):
+        for c in sorted(arm.get("profile", {}), key=int):
+            if arm["k"] == 0:
+                continue
+            sc = step_cost(results, name, c)
+            if sc is None:
+                err = arm["profile"][c].get("error") or "no K=0 profile to compare"
+                rows += ["", f"{name}, concurrency {c}: no step cost ({err})"]
+                continue
+            allowed = (f"; accepted {sc['accepted_per_step']:.2f} a step: speed-up at most x{sc['allowed']:.2f} "
+                       "from kernel time") if sc["allowed"] is not None else ""
+            rows += ["", f"{name}, concurrency {c}: kernel µs a step, K=0 → K={arm['k']} (cost x{sc['cost']:.2f}"
+                     f"{allowed})", "", "| group | K=0 | K | x |", "|---|---|---|---|"]
+            rows += [f"| {g} | {a:.1f} | {b:.1f} | {'x%.2f' % (b / a) if a else '-'} |"
+                     for g, (a, b) in sc["by_group"].items()]
+    return rows
 
 
 def _greedy(arm: Arm, prompt: str) -> dict:
@@ -220,6 +261,7 @@ def throughput_lines(results: dict) -> list[str]:
 def run(args) -> int:
     from e2e_parts.run import gpu_name
     from e2e_parts.servers import free_port_from, start, stop, wait_ready
+    from slice_parts.parts import profiler_flags
     from glm5_shim.gguf.fixture import PEAKED, PEAKED_MTP, draft_acceptance, make_tiny, reference_dir
 
     out = Path(args.out)
@@ -259,8 +301,10 @@ def run(args) -> int:
     for arm in arms:
         arm.port = port = free_port_from(port)
         port += 1
-        start(arm, models, out, args.tp, args.dtype, ("--speculative-config", speculative_config(arm.k)) if arm.k
-              else ())
+        extra = ("--speculative-config", speculative_config(arm.k)) if arm.k else ()
+        if args.profile:
+            extra += profiler_flags(trace_dir(out, arm))
+        start(arm, models, out, args.tp, args.dtype, extra)
     try:
         for arm in arms:
             entry = results["arms"][arm.name] = {"model": arm.quant, "path": arm.path, "k": arm.k}
@@ -274,6 +318,8 @@ def run(args) -> int:
                 entry["metrics"] = metrics_delta(before, parse_spec_metrics(_metrics(arm)))
                 if arm.quant in ("peaked-mtp", SLICE_MODEL, SLICE_PEAKED_MODEL) and args.throughput:
                     entry["throughput"] = _throughput_table(arm, [int(c) for c in args.throughput.split(",")])
+                if arm.quant in ("peaked-mtp", SLICE_MODEL, SLICE_PEAKED_MODEL) and args.profile:
+                    entry["profile"] = _profile(arm, out, [int(c) for c in args.profile.split(",")], entry)
             except Exception as exc:  # noqa: BLE001 - one broken arm must not hide the others
                 entry["error"] = f"{type(exc).__name__}: {exc}"
             save()
@@ -291,6 +337,33 @@ def run(args) -> int:
     (out / "mtp.md").write_text(text)
     print(text)
     return 0 if all(ok is not False for _, ok, _ in summarize(results)) else 1
+
+
+PROFILE_S = 1.5  # a profiled decode window
+PROFILE_MAX_TOKENS = 2048  # the profiled streams' length: they are cancelled when the window closes
+
+
+def trace_dir(out: Path, arm: Arm) -> Path:
+    path = out / "traces" / arm.name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _profile(arm: Arm, out: Path, concurrencies: list[int], entry: dict) -> dict:
+    """Kernel time a step of `arm` in a decode window at each concurrency (slice_parts.measure.profile_decode)."""
+    from e2e_parts.throughput import ordinary_vocab
+    from slice_parts.measure import profile_decode
+
+    vocab = ordinary_vocab(arm)
+    table = {}
+    for c in concurrencies:
+        ttft_ms = entry.get("throughput", {}).get(str(c), {}).get("ttft_ms_median") or 1000.0
+        try:
+            table[str(c)] = profile_decode(arm, trace_dir(out, arm), c, THROUGHPUT_IN, vocab, ttft_ms / 1e3,
+                                           PROFILE_S, PROFILE_MAX_TOKENS)
+        except Exception as exc:  # noqa: BLE001 - the other concurrencies and arms still count
+            table[str(c)] = {"error": f"{type(exc).__name__}: {exc}"}
+    return table
 
 
 def _metrics(arm: Arm) -> str:
@@ -314,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--base-port", type=int, default=8300)
     r.add_argument("--start-timeout", type=float, default=600)
     r.add_argument("--throughput", default="1,4,32", help="concurrencies timed on the peaked-mtp arms ('' skips)")
+    r.add_argument("--profile", default="", help="concurrencies at which each model's arms are profiled (torch "
+                   "profiler, a decode window): a speculative step's kernel cost by group against K=0's ('' skips)")
     r.add_argument("--slice", default="", choices=["", "Q4_K_M", "Q8_0", "Q2_K", "Q3_K_M", "UD-IQ2_M-like"],
                    help="instead of the tiny models: a rank-of-8 slice of GLM-5 at its real sizes with its MTP layer "
                         "(make-slice --mtp), K=0 against every --k: the cost of a speculative step")

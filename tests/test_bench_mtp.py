@@ -154,3 +154,25 @@ def test_a_peaked_slice_run_expects_its_drafts_accepted():
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "mtp.py"), "run", "--out", "x", "--slice-peaked"],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "--slice-peaked needs --slice" in proc.stderr
+
+
+def test_the_profiled_step_cost_and_the_speed_up_it_allows():
+    """--profile: a speculative arm's kernel µs a step against its K=0 arm's, by group; with 0.8 drafts accepted
+    a step and a step costing 1.5x, kernel time allows at most (1 + 0.8) / 1.5 = x1.2."""
+    plain = {"gguf_moe": 100.0, "gguf_dense": 50.0, "other": 50.0}
+    spec = {"gguf_moe": 190.0, "gguf_dense": 60.0, "other": 50.0}
+    results = {"arms": {
+        "slice-peaked-mtp-shim-k0": {"model": "slice-peaked-mtp", "path": "shim", "k": 0,
+                                     "profile": {"1": {"per_step_us": plain}}},
+        "slice-peaked-mtp-shim-k1": {"model": "slice-peaked-mtp", "path": "shim", "k": 1,
+                                     "throughput": {"1": {"metrics": {"drafts": 10.0, "accepted": 8.0}}},
+                                     "profile": {"1": {"per_step_us": spec}, "32": {"error": "no trace"}}},
+    }}
+    sc = mtp.step_cost(results, "slice-peaked-mtp-shim-k1", "1")
+    assert sc["cost"] == pytest.approx(1.5) and sc["accepted_per_step"] == pytest.approx(0.8)
+    assert sc["allowed"] == pytest.approx(1.2) and sc["by_group"]["gguf_moe"] == (100.0, 190.0)
+    assert mtp.step_cost(results, "slice-peaked-mtp-shim-k1", "32") is None
+    text = "\n".join(mtp.profile_lines(results))
+    assert "cost x1.50; accepted 0.80 a step: speed-up at most x1.20" in text
+    assert "| gguf_moe | 100.0 | 190.0 | x1.90 |" in text
+    assert "concurrency 32: no step cost (no trace)" in text

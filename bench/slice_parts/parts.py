@@ -103,13 +103,19 @@ def serve_flags(trace_dir: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(limits, extra) for e2e_parts.servers.start: one server alone on the GPU, CUDA graphs on (vLLM's default),
     no prefix caching (random prompts are computed, warm-ups do not pre-fill the timed requests), the torch profiler
     armed (it records only between /start_profile and /stop_profile)."""
+    limits = ("--max-model-len", str(MAX_MODEL_LEN), "--gpu-memory-utilization", str(GPU_MEMORY_UTILIZATION))
+    extra = ("--max-num-batched-tokens", str(MAX_NUM_BATCHED_TOKENS), "--no-enable-prefix-caching",
+             *profiler_flags(trace_dir))
+    return limits, extra
+
+
+def profiler_flags(trace_dir: Path) -> tuple[str, str]:
+    """`vllm serve` arguments arming the torch profiler (it records only between /start_profile and /stop_profile;
+    gzipped traces land in trace_dir)."""
     profiler = {"profiler": "torch", "torch_profiler_dir": str(trace_dir.resolve()), "torch_profiler_with_stack": False,
                 "torch_profiler_record_shapes": False, "ignore_frontend": True,
                 "torch_profiler_dump_cuda_time_total": False, "torch_profiler_use_gzip": True}
-    limits = ("--max-model-len", str(MAX_MODEL_LEN), "--gpu-memory-utilization", str(GPU_MEMORY_UTILIZATION))
-    extra = ("--max-num-batched-tokens", str(MAX_NUM_BATCHED_TOKENS), "--no-enable-prefix-caching",
-             "--profiler-config", json.dumps(profiler))
-    return limits, extra
+    return "--profiler-config", json.dumps(profiler)
 
 
 SLICE_DISK_SPARE = 2 << 30  # bytes left free on --slice-dir's disk after a slice (logs, traces, vLLM's caches)
