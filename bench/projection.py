@@ -286,6 +286,9 @@ def with_mtp(proj: dict, mtp: dict) -> dict:
             r["mtp_acceptance"] = f["acceptance"]
             r["mtp_per_stream_tok_s"] = round(r["per_stream_tok_s"] * f["factor"], 1)
             r["mtp_aggregate_tok_s"] = round(r["aggregate_tok_s"] * f["factor"], 1)
+            if "held_per_stream_tok_s" in r:
+                r["mtp_held_per_stream_tok_s"] = round(r["held_per_stream_tok_s"] * f["factor"], 1)
+                r["mtp_held_aggregate_tok_s"] = round(r["held_aggregate_tok_s"] * f["factor"], 1)
     return proj
 
 
@@ -327,9 +330,11 @@ def format_projection(p: dict) -> str:
     if mtp_rows:
         acc = lambda r: f"{r['mtp_acceptance']:.2f}" if r.get("mtp_acceptance") is not None else "?"  # noqa: E731
         lines += ["", f"With MTP, K={p['mtp']['k']} (measured factor):", "",
-                  "| machine | window | factor (acceptance) | tok/s a stream | tok/s in all |", "|---|---|---|---|---|"]
+                  "| machine | window | factor (acceptance) | tok/s a stream | tok/s in all | latency held: a stream "
+                  "| in all |", "|---|---|---|---|---|---|---|"]
         lines += [f"| {r['gpu']} | {r['window']} | x{r['mtp_factor']:.2f} ({acc(r)}) | {r['mtp_per_stream_tok_s']} | "
-                  f"{r['mtp_aggregate_tok_s']} |" for r in mtp_rows]
+                  f"{r['mtp_aggregate_tok_s']} | {r.get('mtp_held_per_stream_tok_s', '-')} | "
+                  f"{r.get('mtp_held_aggregate_tok_s', '-')} |" for r in mtp_rows]
     lines += ["", f"Reference: {p['reference']}.", "", "Kernel ms a step by group (projected):", ""]
     for r in p["rows"]:
         lines.append(f"- {r['gpu']}, {r['window']}: " + ", ".join(f"{k} {v / 1e3:.3f}"
