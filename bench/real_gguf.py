@@ -1,12 +1,15 @@
 """GLM-5 GGUFs written by llama.cpp's own tools, not by the project's imitation of them.
 
-    python bench/real_gguf.py OUT_DIR [--outtypes bf16,q8_0] [--presets Q4_K_M] [--llama-quantize BIN] [make-tiny args]
+    python bench/real_gguf.py OUT_DIR [--outtypes bf16,q8_0] [--presets Q4_K_M,IQ2_M] [--tiny-args JSON]
+                                      [--build-tools | --llama-quantize BIN --llama-imatrix BIN]
 
 1. `make_tiny` writes a tiny random GLM-5 and its HF checkpoint (`<stem>.reference/`);
 2. llama.cpp's `convert_hf_to_gguf.py` (from the llama-cpp-python sdist, pinned below; downloaded once with pip into
    ~/.cache/glm5_shim) converts that checkpoint to `real-<outtype>.gguf`;
-3. with `--llama-quantize BIN` (a build of llama.cpp's `llama-quantize`; it needs a C++ build, ~8 min on 2 cores,
-   so it is never built here) each preset is quantized from the BF16 file to `real-<preset>.gguf`;
+3. with `--llama-quantize BIN` (a build of llama.cpp's `llama-quantize`; `--build-tools` builds it and
+   `llama-imatrix` from the same sdist, CPU, ~4 min on 2 cores, cached) each preset is quantized from the BF16 file
+   to `real-<preset>.gguf`; the very low-bit presets (IQ1_S … IQ3_M) with an importance matrix `llama-imatrix`
+   computes on the BF16 file, and the MTP layer kept at Q8_0 (the imatrix run never executes it);
 4. every file gets `<stem>.reference/` holding what it stores decoded to float32 (a float32 reference model then
    differs from an engine running the file only by arithmetic).
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -67,6 +71,48 @@ def llama_cpp_tree(cache: Path = CACHE) -> Path:
     return tree
 
 
+LLAMA_TOOLS = ("llama-quantize", "llama-imatrix")
+
+
+def llama_cpp_source(cache: Path = CACHE) -> Path:
+    """The whole vendored llama.cpp tree of the pinned sdist (what a C++ build needs; llama_cpp_tree() extracts only
+    the converter's files)."""
+    tree = llama_cpp_tree(cache)
+    if not (tree / "tools" / "quantize" / "quantize.cpp").is_file():
+        sdist = tree.parents[2] / f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"
+        with tarfile.open(sdist) as tar:
+            members = [m for m in tar.getmembers() if "/vendor/llama.cpp/" in m.name]
+            tar.extractall(tree.parents[2], members=members, filter="data")
+    return tree
+
+
+def llama_tools(cache: Path = CACHE, build: bool = False) -> dict[str, Path] | None:
+    """llama.cpp's own llama-quantize and llama-imatrix (CPU build of the pinned sdist's tree, cached under
+    `cache`): the binaries if built; with build=True built first when missing (~8 min on 2 cores), else None."""
+    out = cache / f"llama-build-{LLAMA_CPP_PYTHON}"
+    tools = {name: out / "bin" / name for name in LLAMA_TOOLS}
+    if all(p.is_file() for p in tools.values()):
+        return tools
+    if not build:
+        return None
+    tree = llama_cpp_source(cache)
+    # portable code (the cache may outlive the CPU), no tests or examples, static: the two tools alone are built
+    configure = ["cmake", "-S", str(tree), "-B", str(out), "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF",
+                 "-DGGML_CCACHE=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+                 "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_TOOLS=ON", "-DBUILD_SHARED_LIBS=OFF"]
+    if shutil.which("ninja"):
+        configure += ["-G", "Ninja"]
+    for cmd in (configure, ["cmake", "--build", str(out), "--target", *LLAMA_TOOLS, "-j", str(os.cpu_count() or 2)]):
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"building llama.cpp's tools failed ({' '.join(cmd[:3])} ...):\n"
+                               f"{(proc.stdout + proc.stderr)[-3000:]}")
+    missing = [str(p) for p in tools.values() if not p.is_file()]
+    if missing:
+        raise RuntimeError(f"llama.cpp's build finished without {', '.join(missing)}")
+    return tools
+
+
 def convert(checkpoint: Path, out: Path, outtype: str, *, extra: tuple[str, ...] = (),
             tree: Path | None = None) -> Path:
     """Run llama.cpp's convert_hf_to_gguf.py on an HF checkpoint directory."""
@@ -79,16 +125,51 @@ def convert(checkpoint: Path, out: Path, outtype: str, *, extra: tuple[str, ...]
     return out
 
 
-def quantize(binary: str, src: Path, out: Path, preset: str) -> Path:
-    proc = subprocess.run([binary, str(src), str(out), preset, "2"], capture_output=True, text=True)
+# presets llama-quantize refuses without an importance matrix (its very low-bit types), and the type most of
+# their tensors get (the UD files' routed experts): a file's main type
+IMATRIX_PRESETS = {"IQ1_S": "IQ1_S", "IQ1_M": "IQ1_M", "IQ2_XXS": "IQ2_XXS", "IQ2_XS": "IQ2_XS", "IQ2_M": "IQ2_S",
+                   "IQ3_XXS": "IQ3_XXS", "IQ3_M": "IQ3_S"}
+
+
+def quantize(binary: str, src: Path, out: Path, preset: str, imatrix: Path | None = None,
+             extra: tuple[str, ...] = ()) -> Path:
+    cmd = [binary, *(("--imatrix", str(imatrix)) if imatrix else ()), *extra, str(src), str(out), preset, "2"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0 or not out.is_file():
         raise RuntimeError(f"llama-quantize {preset} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
     return out
 
 
+def importance_matrix(binary: str, model: Path, out: Path) -> Path:
+    """llama-imatrix over the tiny corpus (16 chunks of 128 tokens: every expert of the tiny model is routed to)."""
+    from glm5_shim.gguf._tiny_corpus import TINY_CORPUS
+
+    text = out.with_suffix(".txt")
+    text.write_text((TINY_CORPUS + "\n") * 20)
+    proc = subprocess.run([binary, "-m", str(model), "-f", str(text), "-o", str(out), "-c", "128", "--chunks", "16",
+                           "-t", str(os.cpu_count() or 2)], capture_output=True, text=True)
+    if proc.returncode != 0 or not out.is_file():
+        raise RuntimeError(f"llama-imatrix failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
+    return out
+
+
+def mtp_layers_at_q8_0(model: Path) -> tuple[str, ...]:
+    """llama-quantize arguments keeping the MTP layers at Q8_0: llama.cpp's imatrix run never executes them, so a
+    very low-bit preset has no importance data for them and refuses the file."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(model))
+    arch = reader.fields["general.architecture"].contents()
+    blocks = int(reader.fields[f"{arch}.block_count"].contents())
+    nextn = int(reader.fields[f"{arch}.nextn_predict_layers"].contents()) if \
+        f"{arch}.nextn_predict_layers" in reader.fields else 0
+    return tuple(a for layer in range(blocks - nextn, blocks) for a in ("--tensor-type", fr"blk\.{layer}\.=q8_0"))
+
+
 def make_real(out_dir: Path, outtypes=("bf16", "q8_0"), presets=(), llama_quantize: str | None = None,
-              **tiny_args) -> dict[str, Path]:
-    """Write the tiny model's checkpoint and the real tools' GGUFs of it; returns name → GGUF path."""
+              llama_imatrix: str | None = None, **tiny_args) -> dict[str, Path]:
+    """Write the tiny model's checkpoint and the real tools' GGUFs of it; returns name → GGUF path.  Presets of
+    IMATRIX_PRESETS need llama_imatrix too: one importance matrix of the BF16 file serves them all."""
     from glm5_shim.gguf.fixture import make_tiny, reference_dir, write_dequantized_reference
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -98,10 +179,18 @@ def make_real(out_dir: Path, outtypes=("bf16", "q8_0"), presets=(), llama_quanti
     files = {}
     for outtype in dict.fromkeys([*outtypes, *(["bf16"] if presets else [])]):
         files[outtype.upper()] = convert(checkpoint, out_dir / f"real-{outtype.upper()}.gguf", outtype)
+    imatrix = None
     for preset in presets:
         if not llama_quantize:
             raise ValueError("presets need --llama-quantize BIN")
-        files[preset] = quantize(llama_quantize, files["BF16"], out_dir / f"real-{preset}.gguf", preset)
+        extra = ()
+        if preset in IMATRIX_PRESETS:
+            if not llama_imatrix:
+                raise ValueError(f"preset {preset} needs --llama-imatrix BIN (an importance matrix)")
+            imatrix = imatrix or importance_matrix(llama_imatrix, files["BF16"], out_dir / "imatrix.gguf")
+            extra = mtp_layers_at_q8_0(files["BF16"])
+        files[preset] = quantize(llama_quantize, files["BF16"], out_dir / f"real-{preset}.gguf", preset,
+                                 imatrix if preset in IMATRIX_PRESETS else None, extra)
     for path in files.values():
         write_dequantized_reference(path, like=checkpoint)
     return files
@@ -113,10 +202,17 @@ def main() -> int:
     p.add_argument("--outtypes", default="bf16,q8_0")
     p.add_argument("--presets", default="")
     p.add_argument("--llama-quantize", default=os.environ.get("LLAMA_QUANTIZE"))
+    p.add_argument("--llama-imatrix", default=os.environ.get("LLAMA_IMATRIX"))
+    p.add_argument("--build-tools", action="store_true", help="build llama-quantize and llama-imatrix from the "
+                   "pinned sdist (CPU, cached) and use them")
     p.add_argument("--tiny-args", default="{}", help='make_tiny keyword arguments as JSON, e.g. {"heads": 16}')
     args = p.parse_args()
+    if args.build_tools:
+        tools = llama_tools(build=True)
+        args.llama_quantize, args.llama_imatrix = str(tools["llama-quantize"]), str(tools["llama-imatrix"])
     files = make_real(Path(args.out), [t for t in args.outtypes.split(",") if t],
-                      [t for t in args.presets.split(",") if t], args.llama_quantize, **json.loads(args.tiny_args))
+                      [t for t in args.presets.split(",") if t], args.llama_quantize, args.llama_imatrix,
+                      **json.loads(args.tiny_args))
     for name, path in files.items():
         print(name, path)
     return 0

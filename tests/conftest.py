@@ -45,3 +45,12 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def repo_root() -> pathlib.Path:
     return REPO
+
+
+@pytest.fixture(scope="session")
+def llama_real(tmp_path_factory):
+    """(root, name → GGUF): llama.cpp's converter and, where built, llama-quantize on the tiny model
+    (tests/helpers.make_llama_real); one set a session for the loader and the kernel tests."""
+    from tests.helpers import make_llama_real
+
+    return make_llama_real(tmp_path_factory.mktemp("real"))

@@ -193,3 +193,38 @@ def bench_module(name: str):
     sys.modules[name] = module  # dataclasses look their module up by name
     spec.loader.exec_module(module)
     return module
+
+
+# llama.cpp's own files of the tiny model (bench/real_gguf.py): the converter's outtypes, and llama-quantize's
+# presets where its build is at hand (LLAMA_QUANTIZE / LLAMA_IMATRIX, else the cached build; CI builds it)
+LLAMA_REAL_OUTTYPES = ("BF16", "F16", "Q8_0")
+# presets whose every type the generator can encode (IQ4_XS/IQ4_NL have no quantizer here)
+LLAMA_REAL_PRESETS = ("Q4_0", "Q5_0", "Q2_K", "Q3_K_M", "Q4_K_S", "Q4_K_M", "Q5_K_M", "Q6_K")
+
+
+def in_ci() -> bool:
+    return bool(os.environ.get("CI") or os.environ.get("GLM5_SHIM_CI"))
+
+
+def make_llama_real(root: pathlib.Path) -> tuple[pathlib.Path, dict]:
+    """(root, name → GGUF) of llama.cpp's own tools on the tiny model.  In CI a missing sdist or a failed build of
+    the tools fails; elsewhere the converter's absence skips, and the presets need a build at hand."""
+    import pytest
+
+    real_gguf = bench_module("real_gguf")
+    try:
+        real_gguf.llama_cpp_tree()
+    except RuntimeError as exc:
+        if in_ci():
+            raise
+        pytest.skip(f"llama.cpp's converter is not available here: {exc}")
+    quantize, imatrix = os.environ.get("LLAMA_QUANTIZE", ""), os.environ.get("LLAMA_IMATRIX", "")
+    if not quantize:
+        tools = real_gguf.llama_tools(build=in_ci())
+        if tools:
+            quantize, imatrix = str(tools["llama-quantize"]), str(tools["llama-imatrix"])
+    presets = (LLAMA_REAL_PRESETS + ("IQ4_XS",) if quantize else ()) + \
+        (tuple(real_gguf.IMATRIX_PRESETS) if quantize and imatrix else ())
+    files = real_gguf.make_real(root, outtypes=[t.lower() for t in LLAMA_REAL_OUTTYPES], presets=presets,
+                                llama_quantize=quantize or None, llama_imatrix=imatrix or None, seed=0)
+    return root, files

@@ -26,7 +26,8 @@ BOUND = {"F32": 0.0, "F16": 2**-11, "BF16": 2**-8, "Q8_0": 0.006, "Q6_K": 0.02, 
 # Types only llama-quantize's files have here (tests/gguf/test_llama_tools_real.py), whose references are decoded
 # from the file itself: the loader must reproduce them up to float rounding, so these loose bounds (a few
 # quantization steps) only leave room for the float weights the loader rebuilds (kv_b_proj, the indexer's).
-BOUND.update({"Q4_1": 0.13, "Q5_1": 0.07, "Q5_K": 0.04, "Q3_K": 0.2, "Q2_K": 0.35, "IQ4_NL": 0.13, "IQ4_XS": 0.13})
+BOUND.update({"Q4_1": 0.13, "Q5_1": 0.07, "Q5_K": 0.04, "Q3_K": 0.2, "Q2_K": 0.35, "IQ4_NL": 0.13, "IQ4_XS": 0.13,
+              "IQ3_S": 0.25, "IQ3_XXS": 0.25, "IQ2_S": 0.4, "IQ2_XS": 0.4, "IQ2_XXS": 0.4, "IQ1_M": 0.6, "IQ1_S": 0.6})
 # attn_k_b's last dim (192) does not fit 256-blocks: llama-quantize falls back (Q4_K → Q5_0, Q6_K → Q8_0).
 KV_B_TYPE = {"Q4_K": "Q5_0", "Q6_K": "Q8_0"}
 # case → make_tiny arguments.  Plain type names are the converter's order (the generator's default).

@@ -3,8 +3,9 @@
 llama.cpp's `convert_hf_to_gguf.py` (from the pinned llama-cpp-python sdist, bench/real_gguf.py) converts the tiny
 model's HF checkpoint to BF16, F16 and Q8_0 GGUFs: `make_tiny` must write the same tensors, in the same order, with
 the same types and the same metadata keys; and vLLM, through the shim, must load the converter's files to the
-values they store.  Where a `llama-quantize` build is named by LLAMA_QUANTIZE (it needs a C++ build, so CI has
-none), its presets are checked the same way.
+values they store.  llama-quantize's presets are checked the same way, the very low-bit ones (IQ1_S … IQ3_M) made
+with llama-imatrix's importance matrix: CI builds both tools from the same sdist (bench/real_gguf.py
+--build-tools, ~4 min); elsewhere LLAMA_QUANTIZE / LLAMA_IMATRIX or that cached build, else those tests skip.
 
 CI must run the converter: there (CI or GLM5_SHIM_CI set; .ci/run sets the latter) a missing sdist fails;
 elsewhere it skips with the reason.
@@ -12,7 +13,6 @@ elsewhere it skips with the reason.
 from __future__ import annotations
 
 import json
-import os
 
 import gguf
 import numpy as np
@@ -20,28 +20,21 @@ import pytest
 
 from glm5_shim.gguf.fixture import make_tiny
 from glm5_shim.gguf.llama_tools import QUANTIZE_PRESETS, quantize_types
-from tests.helpers import bench_module, load_in_cpu_harness
+from tests.helpers import LLAMA_REAL_OUTTYPES, LLAMA_REAL_PRESETS, bench_module, in_ci, load_in_cpu_harness
 
-OUTTYPES = ("BF16", "F16", "Q8_0")
-# presets whose every type the generator can encode (IQ4_XS/IQ4_NL have no quantizer here)
-PRESETS = ("Q4_0", "Q5_0", "Q2_K", "Q3_K_M", "Q4_K_S", "Q4_K_M", "Q5_K_M", "Q6_K")
-LLAMA_QUANTIZE = os.environ.get("LLAMA_QUANTIZE", "")
+OUTTYPES = LLAMA_REAL_OUTTYPES
+PRESETS = LLAMA_REAL_PRESETS
+IMATRIX_PRESETS = bench_module("real_gguf").IMATRIX_PRESETS
 
 
 @pytest.fixture(scope="module")
-def real(tmp_path_factory):
-    real_gguf = bench_module("real_gguf")
-    root = tmp_path_factory.mktemp("real")
-    try:
-        real_gguf.llama_cpp_tree()
-    except RuntimeError as exc:
-        if os.environ.get("CI") or os.environ.get("GLM5_SHIM_CI"):
-            raise
-        pytest.skip(f"llama.cpp's converter is not available here: {exc}")
-    presets = PRESETS + ("IQ4_XS",) if LLAMA_QUANTIZE else ()
-    files = real_gguf.make_real(root, outtypes=[t.lower() for t in OUTTYPES], presets=presets,
-                                llama_quantize=LLAMA_QUANTIZE or None, seed=0)
-    return root, files
+def real(llama_real):
+    return llama_real
+
+
+def main_type(name: str) -> str:
+    """A real file's main type: the converter's outtype, or the type most of a preset's tensors get."""
+    return QUANTIZE_PRESETS.get(name) or IMATRIX_PRESETS.get(name) or name
 
 
 def _layout(path) -> tuple[list, list]:
@@ -74,10 +67,12 @@ def test_make_tiny_writes_what_the_converter_writes(real, outtype, tmp_path):
         assert np.array_equal(np.asarray(t.data), ours_data[t.name]), t.name
 
 
-@pytest.mark.skipif(not LLAMA_QUANTIZE, reason="no llama-quantize build named by LLAMA_QUANTIZE")
 @pytest.mark.parametrize("preset", PRESETS + ("IQ4_XS",))
 def test_presets_assign_what_llama_quantize_assigns(real, preset, tmp_path):
     _, files = real
+    if preset not in files:
+        assert not in_ci(), "CI builds llama-quantize"
+        pytest.skip("no llama-quantize here (LLAMA_QUANTIZE, or bench/real_gguf.py --build-tools)")
     real_tensors, _ = _layout(files[preset])
     if preset in PRESETS:
         ours = make_tiny(tmp_path / "ours.gguf", preset=preset, seed=0, write_reference=False)[0]
@@ -99,8 +94,9 @@ def test_the_shim_loads_the_converters_files(real):
     out = root / "loaded"
     results = load_in_cpu_harness(out, [files[n] for n in names])
     for i, (name, result) in enumerate(zip(names, results)):
-        quant = QUANTIZE_PRESETS.get(name, name)
-        load_test.check_every_parameter(result, out / f"{i}.npz", files[name], quant, f"real {name}")
+        load_test.check_every_parameter(result, out / f"{i}.npz", files[name], main_type(name), f"real {name}")
+    # CI has llama-quantize: the presets and the very low-bit ones made with an importance matrix are among them
+    assert not in_ci() or {*PRESETS, *IMATRIX_PRESETS} <= set(names)
 
 
 
@@ -123,7 +119,7 @@ def real52(tmp_path_factory):
     try:
         tree = real_gguf.llama_cpp_tree()
     except RuntimeError as exc:
-        if os.environ.get("CI") or os.environ.get("GLM5_SHIM_CI"):
+        if in_ci():
             raise
         pytest.skip(f"llama.cpp's converter is not available here: {exc}")
     root = tmp_path_factory.mktemp("real52")
