@@ -16,6 +16,10 @@ Where the register-MMA decode kernels (kernels/gguf_mma.py) cover the type, MoE 
 of up to 8 tokens are timed on them too, next to the tile kernels (MoE: also the register-MMA kernels in session 6's
 five launches, and both routings of today's two-launch path); ``--parts mma_sweep`` times their launch shapes
 (warps x row repeats x programs an SM).
+
+Every MoE and dense row also times its read floor (bench/read_floor.py): the same bytes read in the same launches
+with nothing computed.  shim % of read says how much of a miss against the bandwidth floor is the kernel's own work,
+and read % floor how much any reader of that access pattern pays (launches, ramp, tail).
 """
 from __future__ import annotations
 
@@ -38,6 +42,9 @@ import triton.testing  # noqa: E402
 from glm5_shim.kernels import gguf_matmul as gm  # noqa: E402
 from glm5_shim.kernels import gguf_matmul_reference as ref  # noqa: E402
 from glm5_shim.kernels import gguf_mma  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import read_floor  # noqa: E402
 
 TYPES = {gguf.GGMLQuantizationType(t).name: t for t in gm.SUPPORTED_TYPES}  # every type the kernels read
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096)
@@ -192,6 +199,7 @@ def bench_moe(tp: int, type_names, tokens, bw, peak, gen, vg, bf16_moe, rows):
                 row["vllm_bf16_us"] = graph_us([lambda i=i, w=w: bf16_moe(x, w13_bf, w2_bf, w, i)
                                                 for i, w in zip(ids, wts)])
             row["shim_pct_floor"] = 100 * floor / row["shim_us"]
+            row.update(read_moe(w13, w2, ids, row["shim_us"], floor))
             plan = gm.moe_plan(t, TOP_K, EXPERTS)
             arms = {}
             if gguf_mma.covers(qt, HIDDEN, x.dtype, gguf_mma.KERNEL_TYPES) and not plan["fused_gate"]:  # mma arms
@@ -218,6 +226,19 @@ def bench_moe(tp: int, type_names, tokens, bw, peak, gen, vg, bf16_moe, rows):
             rows.append(row)
         w13 = w2 = w13_bf = w2_bf = None
         torch.cuda.empty_cache()
+
+
+def read_moe(w13, w2, ids, shim_us: float, floor: float) -> dict:
+    """The read floor of a MoE call (bench/read_floor.py): the distinct experts of each routing read in two launches
+    (w13, then w2), nothing computed; the shim's time against it."""
+    slots = [read_floor.distinct_experts(i, EXPERTS) for i in ids]
+    chunks13 = triton.cdiv(w13[0].numel() // 4, read_floor.CHUNK_WORDS)
+    chunks2 = triton.cdiv(w2[0].numel() // 4, read_floor.CHUNK_WORDS)
+    out13 = torch.zeros(EXPERTS, chunks13, dtype=torch.int32, device="cuda")
+    out2 = torch.zeros(EXPERTS, chunks2, dtype=torch.int32, device="cuda")
+    us = graph_us([lambda s=s: (read_floor.read_experts(w13, s, out13), read_floor.read_experts(w2, s, out2))
+                   for s in slots])
+    return {"read_us": us, "read_pct_floor": 100 * floor / us, "shim_pct_read": 100 * us / shim_us}
 
 
 # The tile kernel's row tiles past 16 rows (the plans: one 64-row tile, split planes summed by a second launch):
@@ -255,6 +276,11 @@ def bench_dense(type_names, tokens, bw, peak, gen, vg, rows, tile_rows=False):
                         row["vllm_gguf_error"] = f"{type(e).__name__}: {str(e)[:200]}"
                     row["vllm_bf16_us"] = graph_us([lambda w=w: x @ w.T for w in wbf] * 2)
                 row["shim_pct_floor"] = 100 * row["floor_us"] / row["shim_us"]
+                outs = [torch.empty(triton.cdiv(w.numel() // 4, read_floor.CHUNK_WORDS), dtype=torch.int32,
+                                    device="cuda") for w in ws]
+                row["read_us"] = graph_us([lambda w=w, o=o: read_floor.read_weight(w, o) for w, o in zip(ws, outs)] * 2)
+                row["read_pct_floor"] = 100 * row["floor_us"] / row["read_us"]
+                row["shim_pct_read"] = 100 * row["read_us"] / row["shim_us"]
                 if gguf_mma.covers(qt, k, x.dtype, gguf_mma.KERNEL_TYPES) and t <= DENSE_MMA_MAX_ROWS:  # mma arm
                     tplan = gm.linear_plan(t, n, k, sms)   # an explicit plan: the tile kernels
                     tile = gm.gguf_linear(x, ws[0], qt, plan=tplan)
@@ -477,6 +503,17 @@ def markdown(rows, bw, device) -> str:
             out.append(f"| {r['layer']} [{r['N']}, {r['K']}] | {r['type']} | {r['T']} | {fmt(r['shim_us'], 1)} | "
                        f"{vg_us} | {fmt(r.get('vllm_bf16_us'), 1)} | {fmt(r['floor_us'], 1)} | "
                        f"{fmt(r['shim_pct_floor'])} | {fmt(r.get('rel_err_vs_bf16'), 4)} |")
+        out.append("")
+    rd = [r for r in rows if "read_us" in r]
+    if rd:
+        out += ["## The read floor: the same weight bytes read in the same launches with nothing computed "
+                "(bench/read_floor.py; MoE: distinct experts, w13 then w2; dense: one launch)", "",
+                "| what | type | T | floor µs | read µs | read % floor | shim µs | shim % of read |",
+                "|---|---|---|---|---|---|---|---|"]
+        for r in rd:
+            what = f"MoE TP {r['tp']}" if r["kind"] == "moe" else f"{r['layer']} [{r['N']}, {r['K']}]"
+            out.append(f"| {what} | {r['type']} | {r['T']} | {fmt(r['floor_us'], 1)} | {fmt(r['read_us'], 1)} | "
+                       f"{fmt(r['read_pct_floor'])} | {fmt(r['shim_us'], 1)} | {fmt(r['shim_pct_read'])} |")
         out.append("")
     sw = [r for r in rows if r["kind"] == "sweep"]
     if sw:

@@ -1,0 +1,76 @@
+"""What reading a GGUF matmul's weights costs with nothing else done: the measuring stick under bench/gguf_matmul.py's
+% of floor (issue #15's decode targets).
+
+The bandwidth floor (bytes / copy bandwidth) assumes a 2 GiB stream.  A decode MoE reads ~20-400 MB in two launches
+that depend on each other (w13, then w2), a dense decode linear 1-50 MB in one: launch latency, the ramp to full
+bandwidth and the tail of the last wave cost a fixed few µs that the floor does not count.  These kernels read exactly
+those bytes in the same launches and do nothing with them but a checksum, so a kernel's time against theirs separates
+what its own work costs from what any reader of that access pattern pays:
+
+  * read_experts: one launch over the distinct experts of a routing (a list padded with -1, as the MoE's sorted path
+    reads each once), each program XOR-ing CHUNK_WORDS int32 words of one expert's slab;
+  * read_weight: one launch over a whole weight (a dense linear's).
+Both write one int32 (the XOR of the words read) a program: nothing the compiler may drop.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+CHUNK_WORDS = 4096  # int32 words a program reads (16 KiB): enough loads in flight, a few programs an SM
+
+
+@triton.jit
+def _read_experts_kernel(w_ptr, ids_ptr, out_ptr, expert_words, chunks, CHUNK: tl.constexpr):
+    slot = tl.program_id(0)
+    chunk = tl.program_id(1)
+    expert = tl.load(ids_ptr + slot)
+    if expert >= 0:
+        offs = chunk * CHUNK + tl.arange(0, CHUNK)
+        words = tl.load(w_ptr + expert.to(tl.int64) * expert_words + offs, mask=offs < expert_words, other=0)
+        tl.store(out_ptr + slot * chunks + chunk, tl.xor_sum(words, axis=0))
+
+
+@triton.jit
+def _read_weight_kernel(w_ptr, out_ptr, words, CHUNK: tl.constexpr):
+    chunk = tl.program_id(0)
+    offs = chunk.to(tl.int64) * CHUNK + tl.arange(0, CHUNK)
+    tl.store(out_ptr + chunk, tl.xor_sum(tl.load(w_ptr + offs, mask=offs < words, other=0), axis=0))
+
+
+def _as_words(w: torch.Tensor) -> torch.Tensor:
+    """A contiguous uint8 weight as int32 words (its last dimension must be a multiple of 4 bytes: every GGUF row
+    of the shapes benchmarked here is)."""
+    if w.shape[-1] % 4:
+        raise ValueError(f"row of {w.shape[-1]} bytes is not a whole number of int32 words")
+    return w.contiguous().view(torch.int32)
+
+
+def distinct_experts(topk_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """The experts a routing touches, each once, padded with -1 to num_experts slots (computed before a graph is
+    captured: it syncs)."""
+    ids = torch.full((num_experts,), -1, dtype=torch.int32, device=topk_ids.device)
+    uniq = topk_ids.reshape(-1).unique()
+    ids[: uniq.numel()] = uniq.to(torch.int32)
+    return ids
+
+
+def read_experts(w: torch.Tensor, slots: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Read every byte of the experts listed in slots (-1: none) of w [E, rows, row bytes]; [slots, chunks] int32
+    XOR checksums (an empty slot's entries stay as out had them: zeros when out is not given)."""
+    words = _as_words(w).reshape(w.shape[0], -1)
+    expert_words = words.shape[1]
+    chunks = triton.cdiv(expert_words, CHUNK_WORDS)
+    out = out if out is not None else torch.zeros(slots.numel(), chunks, dtype=torch.int32, device=w.device)
+    _read_experts_kernel[(slots.numel(), chunks)](words, slots, out, expert_words, chunks, CHUNK=CHUNK_WORDS)
+    return out
+
+
+def read_weight(w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Read every byte of w once; [chunks] int32 XOR checksums."""
+    words = _as_words(w).reshape(-1)
+    chunks = triton.cdiv(words.numel(), CHUNK_WORDS)
+    out = out if out is not None else torch.empty(chunks, dtype=torch.int32, device=w.device)
+    _read_weight_kernel[(chunks,)](words, out, words.numel(), CHUNK=CHUNK_WORDS)
+    return out
