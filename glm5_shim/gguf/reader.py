@@ -150,7 +150,9 @@ def _check_magic(path: Path) -> None:
 def _open_reader(path: Path) -> Any:
     _check_magic(path)
     try:
-        reader = gguf.GGUFReader(path)
+        # copy-on-write: the loader hands vLLM views of the map (no copy of a tensor a rank only slices); a stray
+        # write into one stays in the process instead of faulting on a read-only page
+        reader = gguf.GGUFReader(path, "c")
     except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError, TypeError) as exc:
         raise GGUFError(_diagnose_unreadable(path, exc)) from None
     size = path.stat().st_size

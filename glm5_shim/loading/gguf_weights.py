@@ -30,7 +30,10 @@ def suffix_rename(name: str, new_suffix: str) -> str:
 
 
 def _raw(info) -> torch.Tensor:
-    return torch.from_numpy(np.array(info.data))  # copy out of the memory map
+    """The tensor's bytes as a view of the memory map, not a copy: vLLM's weight loaders narrow it to this rank's
+    shard and copy that to the GPU, so at TP N a rank reads its 1/N of a row-split tensor's pages (before, every rank
+    copied every tensor whole: a 400 GB file 8 times over at TP 8) and no rank holds a whole tensor in its memory."""
+    return torch.from_numpy(info.data)
 
 
 def _float(info) -> torch.Tensor:
