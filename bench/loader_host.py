@@ -1,0 +1,69 @@
+"""Host work of one TP rank loading a GGUF's quantized tensors: a whole-tensor copy out of the memory map (the loader
+before session 10) against a view of the map (now), each then narrowed to the rank's shard and copied into a
+preallocated parameter, as vLLM's GGUF weight loaders do.
+
+    python bench/loader_host.py SLICE.gguf [--tp 8] [--rank 0] [--repeat 2]
+
+Splits as vLLM's at TP N: experts' gate/up by rows, their down and the row-parallel linears (attn_output, ffn_down,
+shared down) by bytes of a row (whole blocks: glm5_shim.gguf.tp_split), every other quantized matrix by rows.  The
+file's pages are read once before timing (page cache warm, as after the first rank or a previous start), so what is
+timed is the host's copying, not the disk.  Prints seconds and GB/s of file bytes for both ways.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from glm5_shim.gguf.reader import open_gguf  # noqa: E402
+
+ROW_PARALLEL = ("attn_output", "ffn_down")  # input-dim (byte) splits; everything else quantized splits by rows
+
+
+def shard(t: torch.Tensor, name: str, tp: int, rank: int) -> torch.Tensor:
+    dim = t.dim() - 1 if any(p in name for p in ROW_PARALLEL) else t.dim() - 2
+    size = t.shape[dim] // tp
+    return t.narrow(dim, rank * size, size) if size else t
+
+
+def quantized(model) -> list:
+    return [info for info in model.tensors.values() if info.type_name not in ("F32", "F16", "BF16")]
+
+
+def run(path: str, tp: int, rank: int, copy_whole: bool) -> tuple[float, int]:
+    model = open_gguf(path)
+    t0, nbytes = time.perf_counter(), 0
+    for info in quantized(model):
+        data = np.array(info.data) if copy_whole else info.data
+        part = shard(torch.from_numpy(data), info.name, tp, rank)
+        dst = torch.empty(part.shape, dtype=part.dtype)
+        dst.copy_(part)
+        nbytes += int(info.data.nbytes)
+    return time.perf_counter() - t0, nbytes
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("gguf")
+    p.add_argument("--tp", type=int, default=8)
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--repeat", type=int, default=2)
+    args = p.parse_args(argv)
+    run(args.gguf, 1, 0, copy_whole=False)  # warm the page cache
+    print(f"{args.gguf}, TP {args.tp} rank {args.rank}")
+    print("| tensors copied | seconds (best of %d) | file GB/s |" % args.repeat)
+    print("|---|---|---|")
+    for label, whole in (("whole, then the shard (before)", True), ("the shard of a map view (now)", False)):
+        best, nbytes = min(run(args.gguf, args.tp, args.rank, whole) for _ in range(args.repeat))
+        print(f"| {label} | {best:.2f} | {nbytes / best / 1e9:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
