@@ -88,7 +88,7 @@ def llama_cpp_source(cache: Path = CACHE) -> Path:
 
 def llama_tools(cache: Path = CACHE, build: bool = False) -> dict[str, Path] | None:
     """llama.cpp's own llama-quantize and llama-imatrix (CPU build of the pinned sdist's tree, cached under
-    `cache`): the binaries if built; with build=True built first when missing (~8 min on 2 cores), else None."""
+    `cache`): the binaries if built; with build=True built first when missing (~4 min on 2 cores), else None."""
     out = cache / f"llama-build-{LLAMA_CPP_PYTHON}"
     tools = {name: out / "bin" / name for name in LLAMA_TOOLS}
     if all(p.is_file() for p in tools.values()):

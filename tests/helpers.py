@@ -120,11 +120,12 @@ def load_mtp_tp_in_cpu_harness(out: pathlib.Path, model, tp: int, timeout: float
     out.mkdir(parents=True, exist_ok=True)
     init_file = pathlib.Path(tempfile.mkdtemp(prefix="glm5-shim-tp-")) / "init"
     logs = [(out / f"{rank}.stdout", out / f"{rank}.stderr") for rank in range(tp)]
+    files = [(open(o, "w"), open(e, "w")) for o, e in logs]
     procs = [subprocess.Popen([sys.executable, str(REPO / "tests" / "vllm_cpu_harness.py"), "mtp-tp", str(tp),
                                str(rank), str(init_file), str(out), str(model)], env=child_env(),
-                              stdout=open(logs[rank][0], "w"), stderr=open(logs[rank][1], "w"), text=True,
-                              cwd=str(REPO))
+                              stdout=files[rank][0], stderr=files[rank][1], text=True, cwd=str(REPO))
              for rank in range(tp)]
+
     def result(rank: int) -> dict:
         lines = [json.loads(line) for line in logs[rank][0].read_text().splitlines() if line.startswith("{")]
         assert procs[rank].returncode == 0 and len(lines) == 1, (
@@ -148,6 +149,9 @@ def load_mtp_tp_in_cpu_harness(out: pathlib.Path, model, tp: int, timeout: float
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+        for handles in files:
+            for f in handles:
+                f.close()
 
 
 @contextlib.contextmanager
