@@ -20,7 +20,8 @@
 #        tok/s at that concurrency)
 #   bash bench/llama_bench.sh slices OUT.md [NAME ...]    both benchmarks on bench/slice_serve.py's slices (default
 #        r8-Q4_K_M r8-IQ2_M), made in SLICE_DIR (default /tmp/slices, slice_serve's) unless there: the same bytes
-#        (seed 0) slice_serve serves; markdown to OUT.md
+#        (seed 0) slice_serve serves; markdown to OUT.md (LLAMA_BATCHED_ARGS: more llama-batched-bench arguments;
+#        on a CPU build both need their repacking off: LLAMA_BENCH_ARGS "... --repack 0", LLAMA_BATCHED_ARGS "-nr")
 # In a device call, e.g. with carry [".gpu/bundle_slim", ".whl", ".gpu/llamacpp"]:
 #   bash bench/llama_bench.sh build && python -m glm5_shim make-slice /tmp/s.gguf --layers 4 --dense-layers 1 \
 #     --preset Q4_K_M --rank-of 8 --quiet && bash bench/llama_bench.sh run /tmp/s.gguf > $OUT/llama_bench.md
@@ -105,7 +106,8 @@ make_slice_file as m; print(m(sys.argv[1], Path(sys.argv[2]))['path'])" "$name" 
       { echo "## $name ($path)"; echo; echo "llama-bench ${LLAMA_BENCH_ARGS:--p 2048 -n 128 -r 3}:"; echo
         bash "$0" run "$path" 2>&1 | grep -v "^ggml_\|^load\|^print_info\|^llama_"; echo
         echo "llama-batched-bench, npp ${NPP:-2048} ntg ${NTG:-128} npl ${NPL:-1,8,32}:"; echo
-        bash "$0" batched "$path" 2>&1 | grep -E "^\||^main:|error|failed"; echo; } >> "$out"
+        # shellcheck disable=SC2086
+        bash "$0" batched "$path" ${LLAMA_BATCHED_ARGS:-} 2>&1 | grep -E "^\||^main:|error|failed"; echo; } >> "$out"
     done
     ;;
   *)
