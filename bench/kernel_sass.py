@@ -5,9 +5,11 @@
 Compiles the MoE decode variants the plans launch — the tile kernels (kernels/gguf_matmul.py, 16 routed rows x 64
 features a program, 128 values a loop step) and the register-MMA kernels (kernels/gguf_mma.py, 8 rows x 128
 features, 256 values a step) — for one target with Triton's own ptxas, disassembles them with its cuobjdump, takes
-the innermost loop (the last backward branch) and counts its instructions per weight a thread decodes per trip.
+the K loop (the shortest loop holding a tensor-core instruction) and counts its instructions per weight a thread
+decodes per trip.
 Budget at full bandwidth: SM issue rate (4 warp-instructions a cycle) x 32 / weights an SM must consume a cycle
-(bandwidth / SMs / clock / bytes a weight); H200: 4.27 TB/s, 132 SMs, 1.98 GHz.
+(bandwidth / SMs / clock / bytes a weight), for the H200 and the RTX PRO 6000 (GPUS): a kernel above a GPU's budget
+is issue-bound there below full bandwidth, at most budget / (instructions a weight) of it.
 """
 import argparse
 import collections
@@ -27,6 +29,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from glm5_shim.kernels import gguf_matmul as gm  # noqa: E402
 from glm5_shim.kernels import gguf_mma  # noqa: E402
 
+# (SMs, clock Hz, memory bandwidth B/s): the H200 as measured on the device machine (4.27 TB/s copy, 1.98 GHz seen
+# under load); the RTX PRO 6000 Blackwell as published (188 SMs, 2.6 GHz boost, 1.79 TB/s)
+GPUS = {"H200": (132, 1.98e9, 4.27e12), "RTX PRO 6000": (188, 2.6e9, 1.79e12)}
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
@@ -55,8 +60,14 @@ def loop_counts(sass: str) -> collections.Counter:
             ins.append((int(m.group(1), 16), m.group(3), m.group(4)))
     back = [(a, int(t.group(1), 16)) for a, op, rest in ins if op == "BRA" and (t := re.search(r"0x([0-9a-f]+)", rest))
             and int(t.group(1), 16) < a]
-    lo_hi = min(back, key=lambda b: b[0] - b[1])  # the innermost (shortest) loop
-    return collections.Counter(op for a, op, _ in ins if lo_hi[1] <= a <= lo_hi[0])
+    # the K loop: the shortest loop that holds a tensor-core instruction (a kernel that sums its own splits has a
+    # shorter loop after it, over the split planes); the shortest loop where none does
+    def body(loop):
+        return [op for a, op, _ in ins if loop[1] <= a <= loop[0]]
+
+    with_mma = [b for b in back if any(op.startswith(("HMMA", "WGMMA", "GMMA")) for op in body(b))]
+    lo_hi = min(with_mma or back, key=lambda b: b[0] - b[1])
+    return collections.Counter(body(lo_hi))
 
 
 def main():
@@ -66,20 +77,31 @@ def main():
     args = ap.parse_args()
     bytes_a_weight = {t: gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[t]][1] /
                       gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[t]][0] for t in args.types.split(",")}
-    print(f"sm_{args.cc}; budget = 128 x 132 x 1.98e9 / (4.27e12 / bytes a weight) instructions a weight (H200)")
+    gpus = "; ".join(f"{g}: 128 x {sms} x {clk / 1e9:.2f}e9 / ({bw / 1e12:.2f}e12 / bytes a weight)"
+                     for g, (sms, clk, bw) in GPUS.items())
+    print(f"sm_{args.cc}; budget = instructions an SM can issue a cycle (4 warps x 32 lanes) / weights it must "
+          f"consume a cycle at full bandwidth: {gpus}")
     print("| kernel | type | regs | shared B | loop instructions | weights a thread a trip | instr / weight | "
-          "budget at 100 % | top opcodes |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          + " | ".join(f"budget {g}" for g in GPUS) + " | top opcodes |")
+    print("|---|---|---|---|---|---|---|" + "---|" * len(GPUS) + "---|")
     for name in args.types.split(","):
         qt = int(gguf.GGMLQuantizationType[name])
-        tile = [c for c in gm.kernel_configs() if c["name"] == f"moe q{qt} m16 n64"][0]
-        mma = [c for c in gguf_mma.kernel_configs() if c["name"] == f"mma {name.lower()} moe -> fp32"]
-        budget = 128 * 132 * 1.98e9 / (4.27e12 / bytes_a_weight[name])
-        for label, cfg, weights in (("tile", tile, 64 * 128 / (32 * tile["num_warps"])),
-                                    ("mma", mma[0] if mma else None, gguf_mma.block_rows() * 256 /
-                                     (32 * gguf_mma.MMA_TUNING["num_warps"]))):
-            if cfg is None:
-                continue
+        configs = {c["name"]: c for c in gm.kernel_configs() + gguf_mma.kernel_configs()}
+        # the variants a decode MoE launches: the tile kernel's, and the register-MMA kernel's w13 pass (sorted
+        # routing, SiLU of its own split sums) and its w2 pass summing the top-k slots (one token a program)
+        wanted = [("tile", f"moe q{qt} m16 n64", 64 * 128 / (32 * gm.kernel_configs()[0]["num_warps"]))]
+        if int(qt) in gguf_mma.KERNEL_TYPES:
+            per_thread = gguf_mma.block_rows() * 256 / (32 * gguf_mma.MMA_TUNING["num_warps"])
+            wanted += [("mma w13", f"mma {name.lower()} moe w13, SiLU reduced", per_thread),
+                       ("mma w2", f"mma {name.lower()} moe top-k sum -> bf16", per_thread)]
+        missing = [n for _, n, _ in wanted if n not in configs]
+        if missing:  # a renamed variant must not vanish from the table silently (it did: session 7's rename)
+            raise SystemExit(f"no kernel config named {missing} (the configs: {sorted(configs)})")
+        budgets = " | ".join(f"{128 * sms * clk / (bw / bytes_a_weight[name]):.1f}" for sms, clk, bw in GPUS.values())
+        for label, cfg_name, weights in wanted:
+            cfg = configs[cfg_name]
+            if label == "tile":
+                weights = 64 * 128 / (32 * cfg["num_warps"])
             sass, usage = compile_sass(cfg, args.cc)
             counts = loop_counts(sass)
             total = sum(counts.values())
@@ -87,7 +109,7 @@ def main():
             shared = re.search(r"SHARED_META:(\d+)", usage).group(1)
             top = ", ".join(f"{op} {n}" for op, n in counts.most_common(6))
             print(f"| {label} | {name} | {regs} | {shared} | {total} | {weights:.0f} | {total / weights:.2f} | "
-                  f"{budget:.1f} | {top} |", flush=True)
+                  f"{budgets} | {top} |", flush=True)
 
 
 if __name__ == "__main__":
