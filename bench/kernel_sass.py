@@ -30,8 +30,10 @@ from glm5_shim.kernels import gguf_matmul as gm  # noqa: E402
 from glm5_shim.kernels import gguf_mma  # noqa: E402
 
 # (SMs, clock Hz, memory bandwidth B/s): the H200 as measured on the device machine (4.27 TB/s copy, 1.98 GHz seen
-# under load); the RTX PRO 6000 Blackwell as published (188 SMs, 2.6 GHz boost, 1.79 TB/s)
-GPUS = {"H200": (132, 1.98e9, 4.27e12), "RTX PRO 6000": (188, 2.6e9, 1.79e12)}
+# under load); the others as published (boost clocks): RTX PRO 6000 Blackwell (sm_120), RTX 4090 (sm_89), RTX 3090
+# (sm_86), A100 80GB SXM (sm_80)
+GPUS = {"H200": (132, 1.98e9, 4.27e12), "RTX PRO 6000": (188, 2.6e9, 1.79e12), "RTX 4090": (128, 2.52e9, 1.01e12),
+        "RTX 3090": (82, 1.70e9, 0.936e12), "A100": (108, 1.41e9, 2.04e12)}
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
