@@ -22,6 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from glm5_shim.gguf.reader import open_gguf  # noqa: E402
+from glm5_shim.loading.gguf_weights import _raw  # noqa: E402
 
 ROW_PARALLEL = ("attn_output", "ffn_down")  # input-dim (byte) splits; everything else quantized splits by rows
 
@@ -40,8 +41,8 @@ def run(path: str, tp: int, rank: int, copy_whole: bool) -> tuple[float, int]:
     model = open_gguf(path)
     t0, nbytes = time.perf_counter(), 0
     for info in quantized(model):
-        data = np.array(info.data) if copy_whole else info.data
-        part = shard(torch.from_numpy(data), info.name, tp, rank)
+        whole = torch.from_numpy(np.array(info.data)) if copy_whole else _raw(info)  # _raw: the loader's own view
+        part = shard(whole, info.name, tp, rank)
         dst = torch.empty(part.shape, dtype=part.dtype)
         dst.copy_(part)
         nbytes += int(info.data.nbytes)

@@ -150,9 +150,10 @@ def _check_magic(path: Path) -> None:
 def _open_reader(path: Path) -> Any:
     _check_magic(path)
     try:
-        # copy-on-write: the loader hands vLLM views of the map (no copy of a tensor a rank only slices); a stray
-        # write into one stays in the process instead of faulting on a read-only page
-        reader = gguf.GGUFReader(path, "c")
+        # read-only and shared: a copy-on-write map would be charged against the commit limit at its whole size (a
+        # 400 GB file per rank), which Linux can refuse; the loader's views of it are only read (vLLM narrows and
+        # copies them)
+        reader = gguf.GGUFReader(path)
     except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError, TypeError) as exc:
         raise GGUFError(_diagnose_unreadable(path, exc)) from None
     size = path.stat().st_size

@@ -9,6 +9,7 @@ rewrote ``weights_proj``).
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Iterator
 
 import gguf
@@ -32,8 +33,12 @@ def suffix_rename(name: str, new_suffix: str) -> str:
 def _raw(info) -> torch.Tensor:
     """The tensor's bytes as a view of the memory map, not a copy: vLLM's weight loaders narrow it to this rank's
     shard and copy that to the GPU, so at TP N a rank reads its 1/N of a row-split tensor's pages (before, every rank
-    copied every tensor whole: a 400 GB file 8 times over at TP 8) and no rank holds a whole tensor in its memory."""
-    return torch.from_numpy(info.data)
+    copied every tensor whole: a 400 GB file 8 times over at TP 8) and no rank holds a whole tensor in its memory.
+    The map is read-only: a write into the view would fault at once, not corrupt the file (none happens: the CPU
+    harness loads at TP 1, 2 and 8 run on these views)."""
+    with warnings.catch_warnings():  # torch's warning that the array is not writable: it is not written
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(info.data)
 
 
 def _float(info) -> torch.Tensor:
