@@ -232,10 +232,7 @@ def read_moe(w13, w2, ids, shim_us: float, floor: float) -> dict:
     """The read floor of a MoE call (bench/read_floor.py): the distinct experts of each routing read in two launches
     (w13, then w2), nothing computed; the shim's time against it."""
     slots = [read_floor.distinct_experts(i, EXPERTS) for i in ids]
-    chunks13 = triton.cdiv(w13[0].numel() // 4, read_floor.CHUNK_WORDS)
-    chunks2 = triton.cdiv(w2[0].numel() // 4, read_floor.CHUNK_WORDS)
-    out13 = torch.zeros(EXPERTS, chunks13, dtype=torch.int32, device="cuda")
-    out2 = torch.zeros(EXPERTS, chunks2, dtype=torch.int32, device="cuda")
+    out13, out2 = read_floor.experts_checksums(w13, EXPERTS), read_floor.experts_checksums(w2, EXPERTS)
     us = graph_us([lambda s=s: (read_floor.read_experts(w13, s, out13), read_floor.read_experts(w2, s, out2))
                    for s in slots])
     return {"read_us": us, "read_pct_floor": 100 * floor / us, "shim_pct_read": 100 * us / shim_us}
@@ -276,8 +273,7 @@ def bench_dense(type_names, tokens, bw, peak, gen, vg, rows, tile_rows=False):
                         row["vllm_gguf_error"] = f"{type(e).__name__}: {str(e)[:200]}"
                     row["vllm_bf16_us"] = graph_us([lambda w=w: x @ w.T for w in wbf] * 2)
                 row["shim_pct_floor"] = 100 * row["floor_us"] / row["shim_us"]
-                outs = [torch.empty(triton.cdiv(w.numel() // 4, read_floor.CHUNK_WORDS), dtype=torch.int32,
-                                    device="cuda") for w in ws]
+                outs = [read_floor.weight_checksums(w) for w in ws]
                 row["read_us"] = graph_us([lambda w=w, o=o: read_floor.read_weight(w, o) for w, o in zip(ws, outs)] * 2)
                 row["read_pct_floor"] = 100 * row["floor_us"] / row["read_us"]
                 row["shim_pct_read"] = 100 * row["read_us"] / row["shim_us"]

@@ -86,24 +86,24 @@ def main():
     print("| kernel | type | regs | shared B | loop instructions | weights a thread a trip | instr / weight | "
           + " | ".join(f"budget {g}" for g in GPUS) + " | top opcodes |")
     print("|---|---|---|---|---|---|---|" + "---|" * len(GPUS) + "---|")
+    configs = {c["name"]: c for c in gm.kernel_configs() + gguf_mma.kernel_configs()}
+    mma_weights = gguf_mma.block_rows() * 256 / (32 * gguf_mma.MMA_TUNING["num_warps"])  # a thread's, a trip
     for name in args.types.split(","):
         qt = int(gguf.GGMLQuantizationType[name])
-        configs = {c["name"]: c for c in gm.kernel_configs() + gguf_mma.kernel_configs()}
         # the variants a decode MoE launches: the tile kernel's, and the register-MMA kernel's w13 pass (sorted
         # routing, SiLU of its own split sums) and its w2 pass summing the top-k slots (one token a program)
-        wanted = [("tile", f"moe q{qt} m16 n64", 64 * 128 / (32 * gm.kernel_configs()[0]["num_warps"]))]
-        if int(qt) in gguf_mma.KERNEL_TYPES:
-            per_thread = gguf_mma.block_rows() * 256 / (32 * gguf_mma.MMA_TUNING["num_warps"])
-            wanted += [("mma w13", f"mma {name.lower()} moe w13, SiLU reduced", per_thread),
-                       ("mma w2", f"mma {name.lower()} moe top-k sum -> bf16", per_thread)]
-        missing = [n for _, n, _ in wanted if n not in configs]
+        wanted = [("tile", f"moe q{qt} m16 n64")]
+        if qt in gguf_mma.KERNEL_TYPES:
+            wanted += [("mma w13", f"mma {name.lower()} moe w13, SiLU reduced"),
+                       ("mma w2", f"mma {name.lower()} moe top-k sum -> bf16")]
+        missing = [n for _, n in wanted if n not in configs]
         if missing:  # a renamed variant must not vanish from the table silently (it did: session 7's rename)
             raise SystemExit(f"no kernel config named {missing} (the configs: {sorted(configs)})")
         budgets = " | ".join(f"{128 * sms * clk / (bw / bytes_a_weight[name]):.1f}" for sms, clk, bw in GPUS.values())
-        for label, cfg_name, weights in wanted:
+        for label, cfg_name in wanted:
             cfg = configs[cfg_name]
-            if label == "tile":
-                weights = 64 * 128 / (32 * cfg["num_warps"])
+            # the tile kernel: 64 features x 128 values a trip over its warps' threads
+            weights = 64 * 128 / (32 * cfg["num_warps"]) if label == "tile" else mma_weights
             sass, usage = compile_sass(cfg, args.cc)
             counts = loop_counts(sass)
             total = sum(counts.values())

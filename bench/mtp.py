@@ -260,7 +260,7 @@ def throughput_lines(results: dict) -> list[str]:
 
 def run(args) -> int:
     from e2e_parts.run import gpu_name
-    from e2e_parts.servers import free_port_from, start, stop, wait_ready
+    from e2e_parts.servers import assign_ports, start, stop, wait_ready
     from slice_parts.parts import profiler_flags
     from glm5_shim.gguf.fixture import PEAKED, PEAKED_MTP, draft_acceptance, make_tiny, reference_dir
 
@@ -297,10 +297,8 @@ def run(args) -> int:
         models[model] = str(path)
     results["models"] = models
     save = lambda: (out / "mtp.json").write_text(json.dumps(results, indent=1))  # noqa: E731
-    port = args.base_port
+    assign_ports(arms, args.base_port)
     for arm in arms:
-        arm.port = port = free_port_from(port)
-        port += 1
         extra = ("--speculative-config", speculative_config(arm.k)) if arm.k else ()
         if args.profile:
             extra += profiler_flags(trace_dir(out, arm))
@@ -339,7 +337,6 @@ def run(args) -> int:
     return 0 if all(ok is not False for _, ok, _ in summarize(results)) else 1
 
 
-PROFILE_S = 1.5  # a profiled decode window
 PROFILE_MAX_TOKENS = 2048  # the profiled streams' length: they are cancelled when the window closes
 
 
@@ -353,6 +350,7 @@ def _profile(arm: Arm, out: Path, concurrencies: list[int], entry: dict) -> dict
     """Kernel time a step of `arm` in a decode window at each concurrency (slice_parts.measure.profile_decode)."""
     from e2e_parts.throughput import ordinary_vocab
     from slice_parts.measure import profile_decode
+    from slice_parts.parts import PROFILE_DECODE_S  # the window slice_serve profiles
 
     vocab = ordinary_vocab(arm)
     table = {}
@@ -360,7 +358,7 @@ def _profile(arm: Arm, out: Path, concurrencies: list[int], entry: dict) -> dict
         ttft_ms = entry.get("throughput", {}).get(str(c), {}).get("ttft_ms_median") or 1000.0
         try:
             table[str(c)] = profile_decode(arm, trace_dir(out, arm), c, THROUGHPUT_IN, vocab, ttft_ms / 1e3,
-                                           PROFILE_S, PROFILE_MAX_TOKENS)
+                                           PROFILE_DECODE_S, PROFILE_MAX_TOKENS)
         except Exception as exc:  # noqa: BLE001 - the other concurrencies and arms still count
             table[str(c)] = {"error": f"{type(exc).__name__}: {exc}"}
     return table

@@ -145,12 +145,13 @@ def project_step(costs: dict, scale: dict, a: Assumptions, gpu: Gpu, tokens: int
     # the weight-reading GGUF groups follow the full model's own bytes a layer (scale: full / slice)
     by_group["gguf_moe"] = nm * moe.get("gguf_moe", 0.0) * scale["routed"]
     per_byte = costs["us_per_byte_gguf_dense"]
-    by_group["gguf_dense"] = per_byte * dense_weight_bytes(a, g, scale, costs.get("lm_head_bytes", g["lm_head"]))
+    lm_head_bytes = costs.get("lm_head_bytes", g["lm_head"])
+    by_group["gguf_dense"] = per_byte * dense_weight_bytes(a, g, scale, lm_head_bytes)
     scaled = {k: v * (tf_factor if k in compute_bound else bw_factor) for k, v in by_group.items()}
     kernels = sum(scaled.values())
     held = None
     if context:
-        floors = floor_bytes(a, g, scale, tokens, context, costs.get("lm_head_bytes", g["lm_head"]))
+        floors = floor_bytes(a, g, scale, tokens, context, lm_head_bytes)
         held = {k: max(v - floors.get(k, 0.0) / (a.measured_bw_gbs * 1e3), 0.0)
                 + floors.get(k, 0.0) / (gpu.bandwidth_gbs * 1e3) for k, v in by_group.items()}
     act_bytes = a.hidden * tokens * 2

@@ -56,21 +56,29 @@ def distinct_experts(topk_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
     return ids
 
 
+def experts_checksums(w: torch.Tensor, slots: int) -> torch.Tensor:
+    """read_experts' output for w [E, rows, row bytes] and this many slots, zeroed (allocate before a graph)."""
+    return torch.zeros(slots, triton.cdiv(w[0].numel() // 4, CHUNK_WORDS), dtype=torch.int32, device=w.device)
+
+
+def weight_checksums(w: torch.Tensor) -> torch.Tensor:
+    """read_weight's output for w (allocate before a graph)."""
+    return torch.empty(triton.cdiv(w.numel() // 4, CHUNK_WORDS), dtype=torch.int32, device=w.device)
+
+
 def read_experts(w: torch.Tensor, slots: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """Read every byte of the experts listed in slots (-1: none) of w [E, rows, row bytes]; [slots, chunks] int32
     XOR checksums (an empty slot's entries stay as out had them: zeros when out is not given)."""
     words = _as_words(w).reshape(w.shape[0], -1)
-    expert_words = words.shape[1]
-    chunks = triton.cdiv(expert_words, CHUNK_WORDS)
-    out = out if out is not None else torch.zeros(slots.numel(), chunks, dtype=torch.int32, device=w.device)
-    _read_experts_kernel[(slots.numel(), chunks)](words, slots, out, expert_words, chunks, CHUNK=CHUNK_WORDS)
+    out = out if out is not None else experts_checksums(w, slots.numel())
+    chunks = out.shape[1]
+    _read_experts_kernel[(slots.numel(), chunks)](words, slots, out, words.shape[1], chunks, CHUNK=CHUNK_WORDS)
     return out
 
 
 def read_weight(w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """Read every byte of w once; [chunks] int32 XOR checksums."""
     words = _as_words(w).reshape(-1)
-    chunks = triton.cdiv(words.numel(), CHUNK_WORDS)
-    out = out if out is not None else torch.empty(chunks, dtype=torch.int32, device=w.device)
-    _read_weight_kernel[(chunks,)](words, out, words.numel(), CHUNK=CHUNK_WORDS)
+    out = out if out is not None else weight_checksums(w)
+    _read_weight_kernel[(out.numel(),)](words, out, words.numel(), CHUNK=CHUNK_WORDS)
     return out

@@ -14,7 +14,7 @@ from .arms import MODEL_ARGS, all_arms
 from .functional import bad_requests, functional, greedy, repeatability, same_answer
 from .prompts import prompts
 from .report import report
-from .servers import alive, backends_from_log, free_port_from, start, stop, wait_ready
+from .servers import alive, assign_ports, backends_from_log, start, stop, wait_ready
 from .summary import summarize
 from .throughput import _load, _throughput, ordinary_vocab
 
@@ -57,10 +57,8 @@ def run_all(args) -> int:
                                             else {**model_args, **PEAKED, **(extra.get(q, {}) if per_quant
                                                                               else extra)}))
                          for q, p in models.items()}
-    port = args.base_port
+    assign_ports(arms, args.base_port)
     for arm in arms:
-        arm.port = port = free_port_from(port)
-        port += 1
         start(arm, models, out, args.tp, args.dtype)
     reference = None
     t_start = time.time()

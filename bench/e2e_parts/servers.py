@@ -37,6 +37,14 @@ def free_port_from(port: int, tries: int = 200) -> int:
     raise RuntimeError(f"no free port in {port}..{port + tries - 1}")
 
 
+def assign_ports(arms: list[Arm], base: int) -> None:
+    """Each arm its own free port, the first at or after base, the next after the one before."""
+    port = base
+    for arm in arms:
+        arm.port = port = free_port_from(port)
+        port += 1
+
+
 def start(arm: Arm, models: dict[str, str], out: Path, tp: int, dtype: str = "", extra: tuple[str, ...] = (),
           limits: tuple[str, ...] = SHARED_GPU_LIMITS) -> None:
     """Start the arm's server (models: arm.quant → GGUF path); extra: more `vllm serve` arguments; limits: the
