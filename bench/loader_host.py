@@ -4,8 +4,8 @@ preallocated parameter, as vLLM's GGUF weight loaders do.
 
     python bench/loader_host.py SLICE.gguf [--tp 8] [--rank 0] [--repeat 2]
 
-Splits as vLLM's at TP N: experts' gate/up by rows, their down and the row-parallel linears (attn_output, ffn_down,
-shared down) by bytes of a row (whole blocks: glm5_shim.gguf.tp_split), every other quantized matrix by rows.  The
+The tensors are those the loader hands vLLM as they are stored (the load plan's KEEP), each split as its entry in
+glm5_shim's tensor table says (row-parallel: by bytes of a row; column-parallel: by rows; replicated: whole).  The
 file's pages are read once before timing (page cache warm, as after the first rank or a previous start), so what is
 timed is the host's copying, not the disk.  Prints seconds and GB/s of file bytes for both ways.
 """
@@ -21,28 +21,37 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from glm5_shim.gguf.config import build_hf_config  # noqa: E402
+from glm5_shim.gguf.load_plan import plan_tensors  # noqa: E402
 from glm5_shim.gguf.reader import open_gguf  # noqa: E402
+from glm5_shim.gguf.tensor_map import TP_COLUMN, TP_ROW  # noqa: E402
+from glm5_shim.gguf.type_policy import KEEP  # noqa: E402
 from glm5_shim.loading.gguf_weights import _raw  # noqa: E402
 
-ROW_PARALLEL = ("attn_output", "ffn_down")  # input-dim (byte) splits; everything else quantized splits by rows
 
-
-def shard(t: torch.Tensor, name: str, tp: int, rank: int) -> torch.Tensor:
-    dim = t.dim() - 1 if any(p in name for p in ROW_PARALLEL) else t.dim() - 2
+def shard(t: torch.Tensor, split: str, tp: int, rank: int) -> torch.Tensor:
+    """The rank's part of a packed [..., rows, row bytes] tensor: row-parallel by bytes of a row, column-parallel by
+    rows, replicated whole."""
+    if split not in (TP_ROW, TP_COLUMN):
+        return t
+    dim = t.dim() - 1 if split == TP_ROW else t.dim() - 2
     size = t.shape[dim] // tp
-    return t.narrow(dim, rank * size, size) if size else t
+    return t.narrow(dim, rank * size, size)
 
 
-def quantized(model) -> list:
-    return [info for info in model.tensors.values() if info.type_name not in ("F32", "F16", "BF16")]
+def kept(path: str) -> list:
+    """(info, split) of every tensor the loader hands vLLM as stored."""
+    model = open_gguf(path)
+    plan = plan_tensors(model, build_hf_config(model, check_shapes=False))
+    return [(t.info, t.spec.tp_split) for t in plan.tensors if t.action == KEEP]
 
 
 def run(path: str, tp: int, rank: int, copy_whole: bool) -> tuple[float, int]:
-    model = open_gguf(path)
+    tensors = kept(path)
     t0, nbytes = time.perf_counter(), 0
-    for info in quantized(model):
+    for info, split in tensors:
         whole = torch.from_numpy(np.array(info.data)) if copy_whole else _raw(info)  # _raw: the loader's own view
-        part = shard(whole, info.name, tp, rank)
+        part = shard(whole, split, tp, rank)
         dst = torch.empty(part.shape, dtype=part.dtype)
         dst.copy_(part)
         nbytes += int(info.data.nbytes)
