@@ -15,7 +15,8 @@ per second of a 2 GiB device copy); for large T also the tensor-core floor (2 * 
 Where the register-MMA decode kernels (kernels/gguf_mma.py) cover the type, MoE rows of decode size and dense rows
 of up to 8 tokens are timed on them too, next to the tile kernels (MoE: also the register-MMA kernels in session 6's
 five launches, and both routings of today's two-launch path); ``--parts mma_sweep`` times their launch shapes
-(warps x row repeats x programs an SM).
+(warps x row repeats x programs an SM, ``--mma-sweep-grid``) for the ``--sweep-types`` at ``--mma-sweep-tokens``, each
+checked against the default shape's output.
 
 Every MoE and dense row also times its read floor (bench/read_floor.py): the same bytes read in the same launches
 with nothing computed.  shim % of read says how much of a miss against the bandwidth floor is the kernel's own work,
@@ -351,34 +352,46 @@ def bench_probe(types, tokens, bw, gen, rows):
         torch.cuda.empty_cache()
 
 
-def _sweep_point(rows, what, t, cfg, floor_us, calls):
+def _sweep_point(rows, what, t, cfg, floor_us, calls, check=None):
     """Time one launch configuration of a sweep (graph-captured ``calls``) and record it; a configuration that does
-    not compile or launch is recorded without a time."""
+    not compile or launch is recorded without a time.  check: (output of this configuration, the default
+    configuration's output) callables; their relative difference is recorded, so a faster shape is also a right one."""
     try:
         us_ = graph_us(calls)
     except Exception as e:  # noqa: BLE001
         us_ = None
         print(f"sweep {what} T={t} {cfg}: {type(e).__name__}: {str(e)[:200]}")
     row = dict(kind="sweep", what=what, T=t, cfg=cfg, us=us_, floor_us=floor_us)
+    if check is not None and us_ is not None:
+        got, want = (f().float() for f in check)
+        row["rel_diff_vs_default"] = ((got - want).norm() / want.norm()).item()
     print(json.dumps(row), flush=True)
     rows.append(row)
 
 
-def bench_mma_sweep(bw, gen, rows, types=("Q4_K", "Q6_K")):
+MMA_SWEEP_GRID = ((2, 4, 8), (1, 2, 4), (2, 4, 8))   # warps, row repeats, programs an SM
+
+
+def bench_mma_sweep(bw, gen, rows, types=("Q4_K", "Q6_K"), tokens=(1, 32), grid=MMA_SWEEP_GRID):
     """Launch shapes of the register-MMA decode kernels (kernels/gguf_mma.MMA_TUNING): warps, row repeats and
-    programs an SM, for the TP-8 MoE at T = 1 and 32 and q_a+kv_a / lm_head at T = 1."""
+    programs an SM, for the TP-8 MoE at each of ``tokens`` and q_a+kv_a / lm_head at T = 1.  Each point's output is
+    compared with the default shape's on the same inputs (rel_diff_vs_default)."""
     import itertools
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    cfgs = [dict(num_warps=w, reps=r, ctas_per_sm=c) for w, r, c in itertools.product((2, 4, 8), (1, 2, 4), (2, 4, 8))]
+    cfgs = [dict(num_warps=w, reps=r, ctas_per_sm=c) for w, r, c in itertools.product(*grid)]
     for name in types:
         qt, w13, w2, expert_bytes = rank_experts(name, gen)
-        for t in (1, 32):
+        for t in tokens:
             ids, wts, x, floor = call_inputs(t, gen, expert_bytes, bw)
+            base = {**gm.moe_plan(t, TOP_K, EXPERTS), "mma": True}
+            want = gm.gguf_moe(x, w13, w2, wts[0], ids[0], qt, qt, align=ALIGN, plan=base).clone()
             for cfg in cfgs:
-                plan = {**gm.moe_plan(t, TOP_K, EXPERTS), "mma": True, "mma_tuning": cfg}
+                plan = {**base, "mma_tuning": cfg}
                 _sweep_point(rows, f"mma moe tp8 {name}", t, cfg, floor,
                              [lambda i=i, w=w: gm.gguf_moe(x, w13, w2, w, i, qt, qt, align=ALIGN, plan=plan)
-                              for i, w in zip(ids, wts)])
+                              for i, w in zip(ids, wts)],
+                             check=(lambda p=plan: gm.gguf_moe(x, w13, w2, wts[0], ids[0], qt, qt, align=ALIGN,
+                                                               plan=p), lambda: want))
         w13 = w2 = None
         torch.cuda.empty_cache()
         lname = "q_a+kv_a" if name == "Q4_K" else "lm_head"
@@ -386,9 +399,11 @@ def bench_mma_sweep(bw, gen, rows, types=("Q4_K", "Q6_K")):
         one = gm.row_bytes(qt, k) * n
         ws = [random_blocks_cuda(qt, (n,), k, gen) for _ in range(max(2, min(16, -(-2 * L2_BYTES // one))))]
         x = (torch.randn(1, k, device="cuda", generator=gen) * 0.5).to(torch.bfloat16)
+        want = gguf_mma.linear(x, ws[0], qt, n, sms).clone()
         for cfg in cfgs:
             _sweep_point(rows, f"mma {lname} {name}", 1, cfg, one / bw * 1e6,
-                         [lambda w=w: gguf_mma.linear(x, w, qt, n, sms, tuning=cfg) for w in ws] * 2)
+                         [lambda w=w: gguf_mma.linear(x, w, qt, n, sms, tuning=cfg) for w in ws] * 2,
+                         check=(lambda c=cfg: gguf_mma.linear(x, ws[0], qt, n, sms, tuning=c), lambda: want))
         ws = None
         torch.cuda.empty_cache()
 
@@ -513,11 +528,12 @@ def markdown(rows, bw, device) -> str:
         out.append("")
     sw = [r for r in rows if r["kind"] == "sweep"]
     if sw:
-        out += ["## Launch-parameter sweep (µs per call; floor µs)", "", "| what | T | config | µs | % floor |",
-                "|---|---|---|---|---|"]
+        out += ["## Launch-parameter sweep (µs per call; floor µs; relative difference from the default shape's "
+                "output)", "", "| what | T | config | µs | % floor | rel. diff |", "|---|---|---|---|---|---|"]
         for r in sorted(sw, key=lambda r: (r["what"], r["T"], r["us"] or 1e9)):
             pct = fmt(100 * r["floor_us"] / r["us"]) if r["us"] else "—"
-            out.append(f"| {r['what']} | {r['T']} | {r['cfg']} | {fmt(r['us'], 1)} | {pct} |")
+            diff = f"{r['rel_diff_vs_default']:.1e}" if r.get("rel_diff_vs_default") is not None else "—"
+            out.append(f"| {r['what']} | {r['T']} | {r['cfg']} | {fmt(r['us'], 1)} | {pct} | {diff} |")
         out.append("")
     pb = [r for r in rows if r["kind"] == "probe"]
     if pb:
@@ -600,7 +616,11 @@ def main():
     ap.add_argument("--dense-tokens", default="1,8,32,256,4096")
     ap.add_argument("--tile-rows", action="store_true",
                     help="dense rows 17-64: also time the tile kernel's 16/32/64-row tiles with and without self-sums")
-    ap.add_argument("--sweep-types", default="Q4_K", help="types whose MoE launch parameters the sweep part times")
+    ap.add_argument("--sweep-types", default="Q4_K",
+                    help="types whose launch parameters the sweep and mma_sweep parts time")
+    ap.add_argument("--mma-sweep-tokens", default="1,32", help="MoE token counts of the mma_sweep part")
+    ap.add_argument("--mma-sweep-grid", default=":".join(",".join(map(str, v)) for v in MMA_SWEEP_GRID),
+                    help="mma_sweep's warps:row repeats:programs an SM, e.g. 4,8:1,2:2,4,8")
     args = ap.parse_args()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -633,7 +653,10 @@ def main():
         if "sweep" in parts:
             bench_sweep(bw, gen, rows, args.sweep_types.split(","))
         if "mma_sweep" in parts:
-            bench_mma_sweep(bw, gen, rows, [t for t in types if gguf_mma.covers(TYPES[t], HIDDEN, torch.bfloat16)])
+            grid = tuple(tuple(int(v) for v in axis.split(",")) for axis in args.mma_sweep_grid.split(":"))
+            bench_mma_sweep(bw, gen, rows, [t for t in args.sweep_types.split(",")
+                                            if gguf_mma.covers(TYPES[t], HIDDEN, torch.bfloat16)],
+                            tokens=[int(t) for t in args.mma_sweep_tokens.split(",")], grid=grid)
         if "crash" in parts and vg is not None and os.environ.get("GLM5_BENCH_NO_CRASH") is None:
             crash_repro(rows)
     finally:

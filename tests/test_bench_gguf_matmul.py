@@ -15,3 +15,18 @@ def test_the_report_puts_each_rows_read_floor_beside_the_shims_time():
     assert "| o_proj [6144, 2048] | Q4_K | 1 | 1.7 | 3.4 | 50 | 7.8 | 44 |" in text
     assert "## The read floor" not in gm_bench.markdown([{k: v for k, v in moe.items() if "read" not in k}],
                                                          4.26e12, "H200")
+
+
+def test_the_sweep_table_sorts_each_shape_by_time_and_shows_its_difference_from_the_default():
+    cfg = lambda w, r, c: dict(num_warps=w, reps=r, ctas_per_sm=c)  # noqa: E731
+    rows = [dict(kind="sweep", what="mma moe tp8 Q4_K", T=1, cfg=cfg(4, 2, 4), us=23.0, floor_us=5.0,
+                 rel_diff_vs_default=0.0),
+            dict(kind="sweep", what="mma moe tp8 Q4_K", T=1, cfg=cfg(8, 1, 8), us=15.0, floor_us=5.0,
+                 rel_diff_vs_default=2.5e-4),
+            dict(kind="sweep", what="mma moe tp8 Q4_K", T=1, cfg=cfg(2, 4, 2), us=None, floor_us=5.0)]
+    text = gm_bench.markdown(rows, 4.26e12, "H200")
+    lines = [ln for ln in text.splitlines() if ln.startswith("| mma moe tp8 Q4_K")]
+    assert len(lines) == 3
+    assert lines[0].endswith("| 15.0 | 33 | 2.5e-04 |") and "'ctas_per_sm': 8" in lines[0]
+    assert lines[1].endswith("| 23.0 | 22 | 0.0e+00 |")
+    assert lines[2].endswith("| — | — | — |")   # failed to compile or launch: no time, no comparison
