@@ -87,7 +87,6 @@ def main():
           + " | ".join(f"budget {g}" for g in GPUS) + " | top opcodes |")
     print("|---|---|---|---|---|---|---|" + "---|" * len(GPUS) + "---|")
     configs = {c["name"]: c for c in gm.kernel_configs() + gguf_mma.kernel_configs()}
-    mma_weights = gguf_mma.block_rows() * 256 / (32 * gguf_mma.MMA_TUNING["num_warps"])  # a thread's, a trip
     for name in args.types.split(","):
         qt = int(gguf.GGMLQuantizationType[name])
         # the variants a decode MoE launches: the tile kernel's, and the register-MMA kernel's w13 pass (sorted
@@ -103,7 +102,9 @@ def main():
         for label, cfg_name in wanted:
             cfg = configs[cfg_name]
             # the tile kernel: 64 features x 128 values a trip over its warps' threads
-            weights = 64 * 128 / (32 * cfg["num_warps"]) if label == "tile" else mma_weights
+            # the register-MMA kernel: a program's 16 x WARPS x REPS features x one super-block (256 values) a trip
+            weights = (64 * 128 / (32 * cfg["num_warps"]) if label == "tile"
+                       else 16 * cfg["constexprs"]["REPS"] * 256 / 32)
             sass, usage = compile_sass(cfg, args.cc)
             counts = loop_counts(sass)
             total = sum(counts.values())

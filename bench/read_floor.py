@@ -39,12 +39,14 @@ def _read_weight_kernel(w_ptr, out_ptr, words, CHUNK: tl.constexpr):
     tl.store(out_ptr + chunk, tl.xor_sum(tl.load(w_ptr + offs, mask=offs < words, other=0), axis=0))
 
 
-def _as_words(w: torch.Tensor) -> torch.Tensor:
-    """A contiguous uint8 weight as int32 words (its last dimension must be a multiple of 4 bytes: every GGUF row
-    of the shapes benchmarked here is)."""
-    if w.shape[-1] % 4:
-        raise ValueError(f"row of {w.shape[-1]} bytes is not a whole number of int32 words")
-    return w.contiguous().view(torch.int32)
+def _as_words(w: torch.Tensor, parts: int = 1) -> torch.Tensor:
+    """A uint8 weight as [parts, words] int32 (parts: experts).  Each part must be a whole number of words; a row
+    need not be (an IQ2_XXS row of 256 values is 66 bytes, its expert of 6144 rows is not)."""
+    per = w.numel() // parts
+    if per % 4:
+        raise ValueError(f"{'an expert' if parts > 1 else 'the weight'} of {per} bytes is not a whole number of int32 "
+                         "words")
+    return w.contiguous().reshape(-1).view(torch.int32).reshape(parts, -1)
 
 
 def distinct_experts(topk_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
@@ -69,7 +71,7 @@ def weight_checksums(w: torch.Tensor) -> torch.Tensor:
 def read_experts(w: torch.Tensor, slots: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """Read every byte of the experts listed in slots (-1: none) of w [E, rows, row bytes]; [slots, chunks] int32
     XOR checksums (an empty slot's entries stay as out had them: zeros when out is not given)."""
-    words = _as_words(w).reshape(w.shape[0], -1)
+    words = _as_words(w, w.shape[0])
     out = out if out is not None else experts_checksums(w, slots.numel())
     chunks = out.shape[1]
     _read_experts_kernel[(slots.numel(), chunks)](words, slots, out, words.shape[1], chunks, CHUNK=CHUNK_WORDS)

@@ -1176,8 +1176,8 @@ def _moe_decode(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan: dict,
     num_sms = _num_sms(x.device)
     mma13 = mma_decode(qtype13, h, x.dtype, plan.get("mma"), w13)
     mma2 = mma_decode(qtype2, inter, x.dtype, plan.get("mma"), w2)
-    tuning = plan.get("mma_tuning")
-    bn = gguf_mma.block_rows(tuning)
+    tuning13 = gguf_mma.tuning_for(qtype13, plan.get("mma_tuning"))
+    tuning2 = gguf_mma.tuning_for(qtype2, plan.get("mma_tuning"))
     fused = plan.get("fused_epilogues", True)
     direct = fused and plan.get("direct", t <= MOE_DIRECT_MAX_TOKENS)
     routes: dict[int, tuple] = {}
@@ -1194,7 +1194,8 @@ def _moe_decode(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan: dict,
     busy = pairs if direct else min(pairs, e)
     act = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
     if mma13:
-        split, per = gguf_mma.splits(busy * -(-two_i // bn), h // 256, num_sms, tuning)
+        bn = gguf_mma.block_rows(tuning13)
+        split, per = gguf_mma.splits(busy * -(-two_i // bn), h // 256, num_sms, tuning13)
         if direct:
             route, blocks, routing = (None, ids_flat, None, None), pairs, gguf_mma.PAIRS.value
         else:
@@ -1204,7 +1205,8 @@ def _moe_decode(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan: dict,
         gated = fused and inter % bn == 0
         gguf_mma.launch(x, w13, part, qtype=qtype13, n=two_i, num_valid=pairs, num_blocks=blocks, split=split,
                         sb_per_split=per, a_row_div=top_k, route=route, routing=routing,
-                        final=act if gated else None, gated=gated, grid_table=_grid_arg(qtype13, w13), tuning=tuning)
+                        final=act if gated else None, gated=gated, grid_table=_grid_arg(qtype13, w13),
+                        tuning=tuning13)
     else:
         split, per = _split(busy * triton.cdiv(two_i, plan["BLOCK_N"]), h // STEP_K, num_sms, plan["ctas_per_sm"])
         part = torch.empty(split, pairs, two_i, dtype=torch.float32, device=x.device)
@@ -1218,18 +1220,18 @@ def _moe_decode(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan: dict,
             part, act, split, inter, part.stride(0), part.stride(1), act.stride(0), BLOCK=SILU_BLOCK, num_warps=4)
     if mma2 and direct:
         units = top_k * (inter // 256)
-        split, per = gguf_mma.splits(t * -(-h // bn), units, num_sms, tuning)
+        split, per = gguf_mma.splits(t * -(-h // gguf_mma.block_rows(tuning2)), units, num_sms, tuning2)
         dst = out if split == 1 else torch.empty(split, t, h, dtype=torch.float32, device=x.device)
         gguf_mma.launch(act, w2, dst, qtype=qtype2, n=h, num_valid=t, num_blocks=t, split=split, sb_per_split=per,
                         route=(None, ids_flat, None, route_w), routing=gguf_mma.TOKEN_SUM.value, top_k=top_k,
-                        final=None if split == 1 else out, grid_table=_grid_arg(qtype2, w2), tuning=tuning)
+                        final=None if split == 1 else out, grid_table=_grid_arg(qtype2, w2), tuning=tuning2)
         return out
     down = torch.empty(pairs, h, dtype=x.dtype, device=x.device)  # rounded once before the top-k sum
     if mma2:
         route = sorted_route(gguf_mma.TOKENS)
         gguf_mma.launch(act, w2, down, qtype=qtype2, n=h, num_valid=pairs, num_blocks=route[1].numel(), split=1,
                         sb_per_split=inter // 256, route=(*route, route_w), grid_table=_grid_arg(qtype2, w2),
-                        tuning=tuning)
+                        tuning=tuning2)
     else:
         _tile_pass(act, w2, qtype2, down, sorted_route(plan["BLOCK_M"]), plan, n=h, split=1,
                    per_split=inter // STEP_K, num_valid=pairs, route_w=route_w, bn=plan["BLOCK_N_W2"])

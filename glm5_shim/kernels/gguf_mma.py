@@ -769,21 +769,30 @@ _mma_moe_kernel = _mma_kernel if INTERPRET_K.value else jit(_renamed(_mma_kernel
 # host side
 # ----------------------------------------------------------------------------------------------------------------
 
-# Launch shape (offline SASS, sm_90: ~3.1 instructions a weight, no shared memory; the sweep, bench/gguf_matmul.py
-# --parts mma_sweep, has not run on a GPU yet):
-# 4 warps x 2 row repeats = 128 output features a program, K split so programs cover the GPU ctas_per_sm times.
+# Launch shape: 4 warps x `reps` row repeats = 16 x 4 x reps output features a program, K split so programs cover
+# the GPU ctas_per_sm times.  Session 11's sweeps on the H200 (bench/gguf_matmul.py --parts mma_sweep, RESULTS.md):
+# 64-row programs (reps 1) against 128-row ones, TP-8 MoE at T = 1 / 8 / 32 and one dense shape at 1 row:
+#   Q4_K 16 / 15 / 16 % faster (and 27 % on q_a+kv_a; 8 warps or 2-8 programs an SM did not beat 4 warps x 4),
+#   Q5_K 19 / 4 / 1.5 %, Q8_0 9 / 2 / 2 % (lm_head 8 and 13 %): reps 1;
+#   Q6_K 8 % faster at T = 1 but 2-2.5 % slower at 8 and 32, IQ2_XXS / IQ2_S within -7..+4 %: left at 128 rows.
+# The outputs agree with the 128-row ones within 8e-4 relative (split sums in another order).
 MMA_TUNING = dict(num_warps=4, reps=2, ctas_per_sm=4)
+MMA_TUNING_BY_TYPE = {Q4_K: dict(reps=1), Q5_K: dict(reps=1), Q8_0: dict(reps=1)}
 
 
-def block_rows(tuning: dict | None = None) -> int:
-    t = {**MMA_TUNING, **(tuning or {})}
-    return 16 * t["num_warps"] * t["reps"]
+def tuning_for(qtype: int, tuning: dict | None = None) -> dict:
+    """The launch shape of ``qtype``'s programs: MMA_TUNING, its type's measured change, then ``tuning``'s keys."""
+    return {**MMA_TUNING, **MMA_TUNING_BY_TYPE.get(int(qtype), {}), **(tuning or {})}
 
 
-def splits(tiles: int, num_sb: int, num_sms: int, tuning: dict | None = None) -> tuple[int, int]:
+def block_rows(tuning: dict) -> int:
+    """Output features a program computes (tuning: a whole launch shape, see tuning_for)."""
+    return 16 * tuning["num_warps"] * tuning["reps"]
+
+
+def splits(tiles: int, num_sb: int, num_sms: int, tuning: dict) -> tuple[int, int]:
     """(splits, super-blocks per split) so that tiles x splits covers the GPU ctas_per_sm times."""
-    t = {**MMA_TUNING, **(tuning or {})}
-    split = max(1, min(num_sb, -(-t["ctas_per_sm"] * num_sms // max(tiles, 1))))
+    split = max(1, min(num_sb, -(-tuning["ctas_per_sm"] * num_sms // max(tiles, 1))))
     per = -(-num_sb // split)
     return -(-num_sb // per), per
 
@@ -817,7 +826,7 @@ def launch(x, w, out, *, qtype: int, n: int, num_valid: int, num_blocks: int, sp
     summed over its top_k slots (expert_ids = topk_ids flattened, route weights required), sb_per_split then counts
     (slot, super-block) units.  final: the launch's result [out rows, N] (gated: [out rows, N / 2], SiLU(gate) * up),
     written by the last program of each tile from the planes in out."""
-    t = {**MMA_TUNING, **(tuning or {})}
+    t = tuning_for(qtype, tuning)
     bn = block_rows(t)
     moe = route is not None
     sorted_ids, expert_ids, num_padded, route_w = route if moe else (None, None, None, None)
@@ -859,6 +868,7 @@ def linear(x, qweight, qtype: int, n: int, num_sms: int, tuning: dict | None = N
     fill the GPU, the split sums added by the last program of each tile (one launch)."""
     import torch
     m, k = x.shape
+    tuning = tuning_for(qtype, tuning)
     num_blocks = -(-m // TOKENS)
     tiles = num_blocks * -(-n // block_rows(tuning))
     split, per = splits(tiles, k // SB_VALUES.value, num_sms, tuning)
@@ -892,14 +902,15 @@ def kernel_configs() -> list[dict]:
                 ("moe top-k sum split-K, reduced", True, False, TOKEN_SUM, REDUCE, "*fp32"))
     cfgs = []
     for qtype in KERNEL_TYPES:
+        t = tuning_for(qtype)
         for what, moe, weighted, routing, epilogue, out in variants:
             cfgs.append(dict(name=f"mma {gguf.GGMLQuantizationType(qtype).name.lower()} {what}",
                              kernel=_mma_moe_kernel if moe else _mma_kernel,
                              signature={**sig, "out_ptr": out},
-                             constexprs=dict(QTYPE=qtype, WARPS=MMA_TUNING["num_warps"], REPS=MMA_TUNING["reps"],
+                             constexprs=dict(QTYPE=qtype, WARPS=t["num_warps"], REPS=t["reps"],
                                              MOE=moe, ROUTE_WEIGHTED=weighted, ROUTING=routing.value,
                                              EPILOGUE=epilogue.value, TOPK=8),
-                             num_warps=MMA_TUNING["num_warps"], num_stages=1, gluon=True,
+                             num_warps=t["num_warps"], num_stages=1, gluon=True,
                              divisible_by_16=("x_ptr", "w_ptr", "out_ptr", "grid_ptr", "stride_xm", "stride_we",
                                               "stride_wn", "stride_om")))
     return cfgs
