@@ -236,7 +236,12 @@ def read_moe(w13, w2, ids, shim_us: float, floor: float) -> dict:
     out13, out2 = read_floor.experts_checksums(w13, EXPERTS), read_floor.experts_checksums(w2, EXPERTS)
     us = graph_us([lambda s=s: (read_floor.read_experts(w13, s, out13), read_floor.read_experts(w2, s, out2))
                    for s in slots])
-    return {"read_us": us, "read_pct_floor": 100 * floor / us, "shim_pct_read": 100 * us / shim_us}
+    return read_columns(us, floor, shim_us)
+
+
+def read_columns(read_us: float, floor_us: float, shim_us: float) -> dict:
+    """A row's read-floor columns: the reader's time, it against the bandwidth floor, the shim's time against it."""
+    return {"read_us": read_us, "read_pct_floor": 100 * floor_us / read_us, "shim_pct_read": 100 * read_us / shim_us}
 
 
 # The tile kernel's row tiles past 16 rows (the plans: one 64-row tile, split planes summed by a second launch):
@@ -275,9 +280,8 @@ def bench_dense(type_names, tokens, bw, peak, gen, vg, rows, tile_rows=False):
                     row["vllm_bf16_us"] = graph_us([lambda w=w: x @ w.T for w in wbf] * 2)
                 row["shim_pct_floor"] = 100 * row["floor_us"] / row["shim_us"]
                 outs = [read_floor.weight_checksums(w) for w in ws]
-                row["read_us"] = graph_us([lambda w=w, o=o: read_floor.read_weight(w, o) for w, o in zip(ws, outs)] * 2)
-                row["read_pct_floor"] = 100 * row["floor_us"] / row["read_us"]
-                row["shim_pct_read"] = 100 * row["read_us"] / row["shim_us"]
+                read_us = graph_us([lambda w=w, o=o: read_floor.read_weight(w, o) for w, o in zip(ws, outs)] * 2)
+                row.update(read_columns(read_us, row["floor_us"], row["shim_us"]))
                 if gguf_mma.covers(qt, k, x.dtype, gguf_mma.KERNEL_TYPES) and t <= DENSE_MMA_MAX_ROWS:  # mma arm
                     tplan = gm.linear_plan(t, n, k, sms)   # an explicit plan: the tile kernels
                     tile = gm.gguf_linear(x, ws[0], qt, plan=tplan)
