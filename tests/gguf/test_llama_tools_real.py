@@ -22,14 +22,7 @@ from glm5_shim.gguf.fixture import make_tiny
 from glm5_shim.gguf.llama_tools import QUANTIZE_PRESETS, quantize_types
 from tests.helpers import LLAMA_REAL_OUTTYPES, LLAMA_REAL_PRESETS, bench_module, in_ci, load_in_cpu_harness
 
-OUTTYPES = LLAMA_REAL_OUTTYPES
-PRESETS = LLAMA_REAL_PRESETS
 IMATRIX_PRESETS = bench_module("real_gguf").IMATRIX_PRESETS
-
-
-@pytest.fixture(scope="module")
-def real(llama_real):
-    return llama_real
 
 
 def main_type(name: str) -> str:
@@ -49,9 +42,9 @@ def _values(path, keys) -> dict:
     return {k: reader.fields[k].contents() for k in keys}
 
 
-@pytest.mark.parametrize("outtype", OUTTYPES)
-def test_make_tiny_writes_what_the_converter_writes(real, outtype, tmp_path):
-    _, files = real
+@pytest.mark.parametrize("outtype", LLAMA_REAL_OUTTYPES)
+def test_make_tiny_writes_what_the_converter_writes(llama_real, outtype, tmp_path):
+    _, files = llama_real
     ours = make_tiny(tmp_path / "ours.gguf", quant=outtype, seed=0, write_reference=False)[0]
     real_tensors, real_keys = _layout(files[outtype])
     our_tensors, our_keys = _layout(ours)
@@ -67,14 +60,14 @@ def test_make_tiny_writes_what_the_converter_writes(real, outtype, tmp_path):
         assert np.array_equal(np.asarray(t.data), ours_data[t.name]), t.name
 
 
-@pytest.mark.parametrize("preset", PRESETS + ("IQ4_XS",))
-def test_presets_assign_what_llama_quantize_assigns(real, preset, tmp_path):
-    _, files = real
+@pytest.mark.parametrize("preset", LLAMA_REAL_PRESETS + ("IQ4_XS",))
+def test_presets_assign_what_llama_quantize_assigns(llama_real, preset, tmp_path):
+    _, files = llama_real
     if preset not in files:
         assert not in_ci(), "CI builds llama-quantize"
         pytest.skip("no llama-quantize here (LLAMA_QUANTIZE, or bench/real_gguf.py --build-tools)")
     real_tensors, _ = _layout(files[preset])
-    if preset in PRESETS:
+    if preset in LLAMA_REAL_PRESETS:
         ours = make_tiny(tmp_path / "ours.gguf", preset=preset, seed=0, write_reference=False)[0]
         our_tensors, _ = _layout(ours)
         assert our_tensors == real_tensors
@@ -85,18 +78,18 @@ def test_presets_assign_what_llama_quantize_assigns(real, preset, tmp_path):
         assert types == {n: ty for n, ty, _ in real_tensors}
 
 
-def test_the_shim_loads_the_converters_files(real):
+def test_the_shim_loads_the_converters_files(llama_real):
     """Each real file through vLLM's loader (CPU harness, shim active) against what the file stores."""
     from tests import test_gguf_vllm_load as load_test
 
-    root, files = real
+    root, files = llama_real
     names = list(files)
     out = root / "loaded"
     results = load_in_cpu_harness(out, [files[n] for n in names])
     for i, (name, result) in enumerate(zip(names, results)):
         load_test.check_every_parameter(result, out / f"{i}.npz", files[name], main_type(name), f"real {name}")
     # CI has llama-quantize: the presets and the very low-bit ones made with an importance matrix are among them
-    assert not in_ci() or {*PRESETS, *IMATRIX_PRESETS} <= set(names)
+    assert not in_ci() or {*LLAMA_REAL_PRESETS, *IMATRIX_PRESETS} <= set(names)
 
 
 
