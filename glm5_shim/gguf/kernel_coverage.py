@@ -49,18 +49,36 @@ MMA_LINEAR_TYPES = (int(_T.Q4_K), int(_T.Q6_K), int(_T.Q5_K), int(_T.IQ2_XXS), i
 # were not measured against the IQ types' register-MMA linears)
 MMA_LINEAR_MAX_ROWS = {int(_T.IQ2_XXS): 32, int(_T.IQ2_S): 32}
 # Up to how many routed rows an expert (T x top_k / experts) a MoE whose two passes both run on the register-MMA
-# kernels stays in the decode regime (moe_align's 8-row blocks, each reading its expert's weights) instead of the
-# prefill tiles; a type not listed keeps the regimes' common threshold (gguf_matmul.MOE_DECODE_MAX_ROWS_PER_EXPERT).
-# H200, TP-8 shapes, session 8, µs register-MMA / tiles (vLLM on bf16 weights):
-#   T = 256 (8 rows an expert): Q4_K 434 / 844 (637), Q5_K 520 / 947 (636), Q6_K 826 / 2911 (635),
-#                               Q8_0 1175 / 1469 (635), IQ2_XXS 702 / 2439 (622), IQ2_S 798 / 2636 (620)
-#   T = 512 (16):               Q4_K 672 / 872 (657), Q5_K 845 / 966 (657), Q6_K 1369 / 2945 (657), Q8_0 1943 / 1492
-#   T = 1024 (32):              Q4_K 1168 / 922 (786), IQ2_XXS 2105 / 2520 (785), IQ2_S 2487 / 2696 (784)
-# (Q5_K and Q6_K at 32 rows were not measured: they stop at 16 like Q4_K.)  The rule reads the mean rows an expert,
-# measured with uniform random routings; a skewed prefill routing reads a hot expert's weights once per 8-row block
-# (not measured: the cost of a mean-based choice there).
-MMA_MOE_MAX_ROWS_PER_EXPERT = {int(_T.Q4_K): 16, int(_T.Q5_K): 16, int(_T.Q6_K): 16, int(_T.Q8_0): 8,
-                               int(_T.IQ2_XXS): 32, int(_T.IQ2_S): 32}
+# kernels stays in the decode regime (moe_align's blocks of 8, 16 or 32 rows, gguf_mma.cols_for, each block reading
+# its expert's weights) instead of the prefill tiles; a type not listed keeps the regimes' common threshold
+# (gguf_matmul.MOE_DECODE_MAX_ROWS_PER_EXPERT).  H200, TP-8 shapes, session 12, µs register-MMA in blocks of 8 / 16
+# / 32 rows, prefill tiles (vLLM on bf16 weights 637 / 657 / 801 / 882 at 8 / 16 / 32 / 64 rows):
+#   8 rows (T = 256):   Q4_K 420 / 407 / 545, 849;  Q5_K 529 / 482 / 664, 954;  Q6_K 820 / 661 / 746, 2939;
+#                       Q8_0 1198 / 922 / 985, 1472;  IQ2_XXS 700 / 557 / 700, 2448
+#   16 (T = 512):       Q4_K 687 / 635 / 655, 874;  Q5_K 871 / 728 / 762, 976;  Q6_K 1376 / 955 / 804, 2968;
+#                       Q8_0 2021 / 1351 / 1096, 1493;  IQ2_XXS 1174 / 821 / 763, 2471
+#   32 (T = 1024):      Q4_K 1250 / 1109 / 1103, 926;  Q5_K 1557 / 1246 / 1248, 1027;  Q6_K 2484 / 1573 / 1212, 3020;
+#                       Q8_0 3629 / 2291 / 1641, 1541;  IQ2_XXS 2110 / 1381 / 1186, 2513
+#   64 (T = 2048):      Q6_K 4619 / 2814 / 2027, 4288;  IQ2_XXS 3961 / 2497 / 2007, 3706 (dequantized: 2377, 2125)
+# (IQ2_S: IQ2_XXS's limit, not measured past 8 rows.)  The rule reads the mean rows an expert, measured with uniform
+# random routings; a skewed prefill routing reads a hot expert's weights once per block (not measured).
+MMA_MOE_MAX_ROWS_PER_EXPERT = {int(_T.Q4_K): 16, int(_T.Q5_K): 16, int(_T.Q6_K): 64, int(_T.Q8_0): 16,
+                               int(_T.IQ2_XXS): 64, int(_T.IQ2_S): 64}
+# From how many routed rows an expert a MoE past its register-MMA limit dequantizes its experts to the activation
+# dtype a chunk at a time and multiplies 16-bit tiles (gguf_matmul._moe_dequantized: a weight decoded once a call)
+# instead of decoding weight tiles in every 64-row block (the prefill tiles).  H200, TP-8 shapes, session 12, µs,
+# prefill tiles / dequantized (best tile shape) at 128 and 256 rows an expert (T = 4096, 8192; vLLM on bf16 weights
+# 1256, 2088): Q4_K 2376 / 2534, 4315 / 3430;  Q5_K 2655 / 2582, 4736 / 3520;  Q6_K 7074 / 2653, 12518 / 3593;
+# Q8_0 3840 / 2606, 6780 / 3547;  IQ2_XXS 6144 / 2391, 10967 / 3335; at 64 rows Q8_0 2275 / 2355.  The dequantizing
+# path costs ~1.8 ms whatever T (its dequantization of every expert), so the K-quants' tiles stay below 128 rows.
+# The other types were not timed on the dequantizing path (GPU-tested only); their tiles (session 6: Q2_K, Q3_K,
+# IQ4_XS/NL, Q4_0, Q5_0 1.0-1.6 ms at 8-32 rows; IQ1/IQ3/IQ2_XS 2.4-4.4 ms already at 8 rows) grow with each 64-row
+# block as the measured types' do, so they switch where every measured type's dequantized path had won: IQ1/IQ3/
+# IQ2_XS (tiles already slower than the IQ2_XXS dequantized path at 8 rows) from 64 rows, the rest from 128.
+MOE_DEQUANT_DEFAULT_MIN_ROWS = 128
+MOE_DEQUANT_MIN_ROWS_PER_EXPERT = {int(_T.Q4_K): 192, int(_T.Q5_K): 128, int(_T.Q6_K): 65, int(_T.Q8_0): 128,
+                                   int(_T.IQ2_XXS): 65, int(_T.IQ2_S): 65, int(_T.IQ2_XS): 64, int(_T.IQ3_XXS): 64,
+                                   int(_T.IQ3_S): 64, int(_T.IQ1_S): 64, int(_T.IQ1_M): 64}
 K_MULTIPLE = 256  # the kernels step through K in half super-blocks; GLM-5's input widths are all multiples of 256
 
 

@@ -61,7 +61,8 @@ import triton.language as tl
 
 from glm5_shim import settings
 from glm5_shim.gguf.kernel_coverage import (K_MULTIPLE, MMA_LINEAR_MAX_ROWS, MMA_LINEAR_TYPES,
-                                            MMA_MOE_MAX_ROWS_PER_EXPERT, SHIM_KERNEL_TYPES)
+                                            MMA_MOE_MAX_ROWS_PER_EXPERT, MOE_DEQUANT_DEFAULT_MIN_ROWS,
+                                            MOE_DEQUANT_MIN_ROWS_PER_EXPERT, SHIM_KERNEL_TYPES)
 from glm5_shim.kernels import arrivals, gguf_mma
 from glm5_shim.kernels.device import cuda_capability_and_sms
 
@@ -836,6 +837,47 @@ def _moe_kernel(x_ptr, w_ptr, grid_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, ex
 
 
 @triton.jit
+def _moe_dense_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, N, K,
+                      num_valid, a_row_div, expert_base, num_experts_here, stride_xm, stride_we, stride_wn, stride_om,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GATED: tl.constexpr,
+                      ROUTE_WEIGHTED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """The tile MoE's pass with weights already in the activation dtype (w [experts here, rows, K]: the dequantized
+    experts expert_base .. expert_base + num_experts_here - 1; blocks of other experts return at once).  Same
+    routing layout and outputs as :func:`_moe_kernel`: GATED stores SiLU(gate) * up of rows n and N + n, otherwise
+    the product (times the routing weight when ROUTE_WEIGHTED).  K is a multiple of BLOCK_K."""
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(N, BLOCK_N)
+    pid_m = pid // num_n
+    pid_n = pid % num_n
+    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+        return
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64) - expert_base
+    if (expert < 0) | (expert >= num_experts_here):
+        return
+    ids = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    ok = ids < num_valid
+    ids = tl.where(ok, ids, 0).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.minimum(offs_n, N - 1).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    xp = x_ptr + (ids // a_row_div)[:, None] * stride_xm + offs_k[None, :]
+    wp = w_ptr + expert * stride_we + rows[:, None] * stride_wn + offs_k[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        a = tl.load(xp + k0, mask=ok[:, None], other=0.0)
+        acc = tl.dot(a, tl.trans(tl.load(wp + k0)), acc, input_precision=DOT_PRECISION)
+        if GATED:
+            acc_u = tl.dot(a, tl.trans(tl.load(wp + N * stride_wn + k0)), acc_u, input_precision=DOT_PRECISION)
+    if GATED:
+        acc = acc / (1.0 + tl.exp(-acc)) * acc_u
+    if ROUTE_WEIGHTED:
+        acc = acc * tl.load(route_w_ptr + ids, mask=ok, other=0.0).to(tl.float32)[:, None]
+    tl.store(out_ptr + ids[:, None] * stride_om + offs_n[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=ok[:, None] & (offs_n < N)[None, :])
+
+
+@triton.jit
 def _silu_mul_splits_kernel(part_ptr, act_ptr, splits, inter, stride_ps, stride_pr, stride_ar, BLOCK: tl.constexpr):
     """act[r, j] = SiLU(sum_s part[s, r, j]) * sum_s part[s, r, inter + j]: the split-K partial sums of a decode
     MoE call's w13 pass, reduced and gated in one launch (torch took five).  Grid: (routed rows, column blocks)."""
@@ -1079,11 +1121,14 @@ MOE_DIRECT_MAX_TOKENS = 4
 
 
 def moe_plan(num_tokens: int, top_k: int, num_experts: int, tuning: dict | None = None,
-             decode: bool | None = None) -> dict:
+             decode: bool | None = None, dequant: bool = False) -> dict:
     """Launch plan of :func:`gguf_moe`.  While experts see a few rows each (decode) the w13 pass is split over K
     like a decode linear (SiLU applied after the split sum); once experts are shared by many tokens, 16-row
     blocks waste the MMAs, so rows come in larger blocks and gate/up are fused with SiLU in one tile.  ``decode``
-    forces the regime (the bench's A/B of the two above the threshold)."""
+    forces the regime (the bench's A/B of the two above the threshold); ``dequant`` takes the prefill regime with
+    the experts dequantized (:func:`_moe_dequantized`)."""
+    if dequant:
+        return {"dequant": True, "fused_gate": True, "dequant_tuning": dict(tuning or {})}
     rows_per_expert = num_tokens * top_k / num_experts
     if decode if decode is not None else rows_per_expert <= MOE_DECODE_MAX_ROWS_PER_EXPERT:
         t = {**DECODE_TUNING, "BLOCK_M": 16, "BLOCK_N_W2": DECODE_TUNING["BLOCK_N"], "fused_gate": False,
@@ -1092,6 +1137,50 @@ def moe_plan(num_tokens: int, top_k: int, num_experts: int, tuning: dict | None 
         t = {**PREFILL_TUNING, "BLOCK_N_W2": PREFILL_TUNING["BLOCK_N"], "fused_gate": True,
              "ctas_per_sm": 1, **(tuning or {})}
     return t
+
+
+# Prefill-sized MoEs (many rows an expert): each pass dequantizes its experts to the activation dtype, a chunk of
+# experts at a time (at most MOE_DEQUANT_CHUNK_BYTES of scratch), and multiplies them in 16-bit tiles
+# (_moe_dense_kernel), so a weight is decoded once a call however many row blocks its expert has.  From how many
+# routed rows an expert: kernel_coverage.MOE_DEQUANT_MIN_ROWS_PER_EXPERT.
+# Tile shape: H200, TP 8, session 12, µs at T = 8192 with 64x64 / 128x64 (8 warps) / 128x128 (8 warps, 3 stages; 96
+# KiB of shared memory on sm_120) / the same in 2 stages: Q4_K 3802 / 3591 / 3430 / 4215, Q6_K 3951 / 3747 / 3593 /
+# 4389, IQ2_XXS 3688 / 3500 / 3335 / 4130 (and the same order at 4096)
+MOE_DEQUANT_CHUNK_BYTES = 512 << 20
+MOE_DEQUANT_TUNING = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3)
+
+
+def _moe_dequantized(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan: dict, align, out) -> torch.Tensor:
+    """gguf_moe on experts dequantized a chunk at a time (see MOE_DEQUANT_CHUNK_BYTES)."""
+    t, h = x.shape
+    e, two_i, _ = w13.shape
+    inter = two_i // 2
+    top_k = topk_ids.shape[1]
+    pairs = t * top_k
+    tun = {**MOE_DEQUANT_TUNING, **(plan.get("dequant_tuning") or {})}
+    sorted_ids, expert_ids, num_padded = align(topk_ids, tun["BLOCK_M"], e)
+    per_expert = max(two_i * h, h * inter)
+    chunk = max(1, min(e, plan.get("chunk_bytes", MOE_DEQUANT_CHUNK_BYTES) // (per_expert * x.element_size())))
+    scratch = torch.empty(chunk * per_expert, dtype=x.dtype, device=x.device)
+    act = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
+    down = torch.empty(pairs, h, dtype=x.dtype, device=x.device)  # rounded once before the top-k sum
+    route_w = topk_weights.reshape(-1)
+    for w, qtype, k, n_out, a, dst, gated in ((w13, qtype13, h, inter, x, act, True),
+                                              (w2, qtype2, inter, h, act, down, False)):
+        rows = w.shape[1]
+        grid = (expert_ids.numel() * triton.cdiv(n_out, tun["BLOCK_N"]),)
+        for start in range(0, e, chunk):
+            n = min(chunk, e - start)
+            wd = scratch[:n * rows * k].view(n, rows, k)
+            gguf_dequantize(w[start:start + n].reshape(n * rows, w.shape[2]), qtype, k, x.dtype,
+                            out=wd.view(n * rows, k))
+            _moe_dense_kernel[grid](a, wd, dst, route_w, sorted_ids, expert_ids, num_padded, n_out, k, pairs,
+                                    top_k if gated else 1, start, n, a.stride(0), wd.stride(0), wd.stride(1),
+                                    dst.stride(0), BLOCK_M=tun["BLOCK_M"], BLOCK_N=tun["BLOCK_N"],
+                                    BLOCK_K=tun["BLOCK_K"], GATED=gated, ROUTE_WEIGHTED=not gated,
+                                    DOT_PRECISION=_dot_precision(a.dtype), num_warps=tun["num_warps"],
+                                    num_stages=tun["num_stages"])
+    return torch.sum(down.view(t, top_k, h), dim=1, out=out)
 
 
 def gguf_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
@@ -1111,8 +1200,11 @@ def gguf_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights:
     if t == 0:
         return out
     x = x if x.stride(-1) == 1 else x.contiguous()
-    plan = plan or moe_plan(t, top_k, e,
-                            decode=_mma_regime(t * top_k / e, x.dtype, w13, w2, qtype13, qtype2, h, inter))
+    if plan is None:   # the register-MMA regime where it covers both passes, else dequantized or prefill tiles
+        mma = _mma_regime(t * top_k / e, x.dtype, w13, w2, qtype13, qtype2, h, inter)
+        plan = moe_plan(t, top_k, e, decode=mma, dequant=not mma and _dequant_regime(t * top_k / e, qtype13, qtype2))
+    if plan.get("dequant"):
+        return _moe_dequantized(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan, align or moe_align, out)
     if not plan["fused_gate"]:
         return _moe_decode(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan, align or moe_align, out)
     bm = plan["BLOCK_M"]
@@ -1125,6 +1217,13 @@ def gguf_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights:
     _tile_pass(act, w2, qtype2, down, (sorted_ids, expert_ids, num_padded), plan, n=h, split=1,
                per_split=inter // STEP_K, num_valid=pairs, route_w=topk_weights.reshape(-1), bn=plan["BLOCK_N_W2"])
     return torch.sum(down.view(t, top_k, h), dim=1, out=out)
+
+
+def _dequant_regime(rows_per_expert: float, qtype13: int, qtype2: int) -> bool:
+    """True where a MoE this size dequantizes its experts (kernel_coverage.MOE_DEQUANT_MIN_ROWS_PER_EXPERT: the
+    larger of its two types' thresholds)."""
+    return rows_per_expert >= max(MOE_DEQUANT_MIN_ROWS_PER_EXPERT.get(int(q), MOE_DEQUANT_DEFAULT_MIN_ROWS)
+                                  for q in (qtype13, qtype2))
 
 
 def _mma_regime(rows_per_expert: float, dtype, w13, w2, qtype13: int, qtype2: int, h: int, inter: int
@@ -1180,6 +1279,9 @@ def _moe_decode(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan: dict,
     tuning2 = gguf_mma.tuning_for(qtype2, plan.get("mma_tuning"))
     fused = plan.get("fused_epilogues", True)
     direct = fused and plan.get("direct", t <= MOE_DIRECT_MAX_TOKENS)
+    # rows of a sorted block on the register MMA: for twice the mean rows an expert (experts' shares of a uniform
+    # routing spread around the mean; kernel_coverage's session-12 table: 16-row blocks fastest at 8 rows an expert)
+    cols = plan.get("mma_cols") or gguf_mma.cols_for(2 * pairs / e)
     routes: dict[int, tuple] = {}
 
     def sorted_route(block_m: int) -> tuple:
@@ -1199,14 +1301,14 @@ def _moe_decode(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan: dict,
         if direct:
             route, blocks, routing = (None, ids_flat, None, None), pairs, gguf_mma.PAIRS.value
         else:
-            route, routing = (*sorted_route(gguf_mma.TOKENS), None), gguf_mma.SORTED.value
+            route, routing = (*sorted_route(cols), None), gguf_mma.SORTED.value
             blocks = route[1].numel()
         part = torch.empty(split, pairs, two_i, dtype=torch.float32, device=x.device)
         gated = fused and inter % bn == 0
         gguf_mma.launch(x, w13, part, qtype=qtype13, n=two_i, num_valid=pairs, num_blocks=blocks, split=split,
                         sb_per_split=per, a_row_div=top_k, route=route, routing=routing,
                         final=act if gated else None, gated=gated, grid_table=_grid_arg(qtype13, w13),
-                        tuning=tuning13)
+                        tuning=tuning13, cols=gguf_mma.TOKENS if direct else cols)
     else:
         split, per = _split(busy * triton.cdiv(two_i, plan["BLOCK_N"]), h // STEP_K, num_sms, plan["ctas_per_sm"])
         part = torch.empty(split, pairs, two_i, dtype=torch.float32, device=x.device)
@@ -1228,10 +1330,10 @@ def _moe_decode(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan: dict,
         return out
     down = torch.empty(pairs, h, dtype=x.dtype, device=x.device)  # rounded once before the top-k sum
     if mma2:
-        route = sorted_route(gguf_mma.TOKENS)
+        route = sorted_route(cols)
         gguf_mma.launch(act, w2, down, qtype=qtype2, n=h, num_valid=pairs, num_blocks=route[1].numel(), split=1,
                         sb_per_split=inter // 256, route=(*route, route_w), grid_table=_grid_arg(qtype2, w2),
-                        tuning=tuning2)
+                        tuning=tuning2, cols=cols)
     else:
         _tile_pass(act, w2, qtype2, down, sorted_route(plan["BLOCK_M"]), plan, n=h, split=1,
                    per_split=inter // STEP_K, num_valid=pairs, route_w=route_w, bn=plan["BLOCK_N_W2"])
@@ -1255,6 +1357,12 @@ _MOE_SIG = {"x_ptr": "*bf16", "w_ptr": "*u8", "grid_ptr": "*u8", "out_ptr": "*bf
             "counter_ptr": "*i32", "N": "i32", "num_steps": "i32", "steps_per_split": "i32", "num_valid": "i32",
             "a_row_div": "i32", "stride_xm": "i32", "stride_we": "i32", "stride_wn": "i32", "stride_os": "i32",
             "stride_om": "i32", "stride_fm": "i32"}
+
+
+_MOE_DENSE_SIG = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "route_w_ptr": "*fp32",
+                  "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32", "num_padded_ptr": "*i32", "N": "i32", "K": "i32",
+                  "num_valid": "i32", "a_row_div": "i32", "expert_base": "i32", "num_experts_here": "i32",
+                  "stride_xm": "i32", "stride_we": "i32", "stride_wn": "i32", "stride_om": "i32"}
 
 
 def kernel_configs() -> list[dict]:
@@ -1290,6 +1398,14 @@ def kernel_configs() -> list[dict]:
                                  constexprs=dict(QTYPE=qt, BLOCK_M=p["BLOCK_M"], BLOCK_N=bn, GATED=gated,
                                                  ROUTE_WEIGHTED=weighted, DOT_PRECISION="tf32", REDUCE=reduce),
                                  divisible_by_16=("x_ptr", "w_ptr", "grid_ptr", "out_ptr", "stride_xm", "stride_om")))
+    t = MOE_DEQUANT_TUNING
+    for gated in (True, False):
+        cfgs.append(dict(name=f"moe 16-bit weights{' gated' if gated else ' weighted'}", kernel=_moe_dense_kernel,
+                         signature=_MOE_DENSE_SIG, num_warps=t["num_warps"], num_stages=t["num_stages"],
+                         constexprs=dict(BLOCK_M=t["BLOCK_M"], BLOCK_N=t["BLOCK_N"], BLOCK_K=t["BLOCK_K"],
+                                         GATED=gated, ROUTE_WEIGHTED=not gated, DOT_PRECISION="tf32"),
+                         divisible_by_16=("x_ptr", "w_ptr", "out_ptr", "K", "stride_xm", "stride_we", "stride_wn",
+                                          "stride_om")))
     cfgs.append(dict(name="silu_mul splits", kernel=_silu_mul_splits_kernel, signature=_SILU_SIG,
                      constexprs=dict(BLOCK=SILU_BLOCK), num_warps=4, num_stages=3,
                      divisible_by_16=("part_ptr", "act_ptr", "stride_ps", "stride_pr", "stride_ar")))

@@ -60,6 +60,7 @@ MMA_TYPES = MMA_DECODE_TYPES          # what the plans run here (kernel_coverage
 KERNEL_TYPES = (Q4_K, Q6_K, Q5_K, Q8_0, IQ2_XXS, IQ2_S)   # what the kernel computes
 GRID_TYPES = (IQ2_XXS, IQ2_S)   # the types whose launches take the grid table (gguf_matmul.grid_table)
 TOKENS = 8                         # the MMA's N: routed rows (MoE) or activation rows (linear) a program multiplies
+COLUMN_BLOCKS = (8, 16, 32)        # what a program's N may be (COLS): a decoded weight is multiplied by that many rows
 SB_VALUES = gl.constexpr(256)      # values of a K-quant super-block
 # Super-blocks the device code steps through (gguf.GGML_QUANT_SIZES; its byte counts are literals there): Q4_K 144 B:
 # d, dmin, 12 scale bytes, 128 code bytes; Q5_K 176 B: the same with 32 high-bit bytes before the codes; Q6_K 210 B:
@@ -202,17 +203,21 @@ _ASM_IQ2S_FP16 = gl.constexpr(_decode_asm(IQ2_S, True))
 
 
 @constexpr_function  # called while the kernel compiles (a plain function there would be refused), or on the host
-def layouts(num_warps: int, reps: int, qtype: int = Q4_K) -> tuple:
-    """(codes [BN, 4, 4, 4], activations [8, 128], accumulator [BN, 8]) layouts for BN = 16 * num_warps * reps rows.
+def layouts(num_warps: int, reps: int, qtype: int = Q4_K, cols: int = TOKENS) -> tuple:
+    """(codes [BN, 4, 4, 4], activations [cols, 128], accumulator [BN, cols]) layouts for BN = 16 * num_warps * reps
+    rows and cols (8, 16 or 32) activation rows.
 
     Codes are indexed (row, slot, word, byte) with the half super-block's code byte p = 16 slot + 4 word + byte.
     Their layout is the MMA A operand's (as Triton 3.6 builds it for these warps) with k replaced by the byte p that
     A_ORDER maps it to: registers p0-p3 (16 contiguous bytes), row + 8, the row repeats; lanes p4, p5 (the slot)
     and rows 0-2; warps the 16-row blocks.  The activations' is the B operand's likewise: registers v0-v3 and the
     nibble's bit (Q4_K v5, Q6_K v6), lanes the two bits of p4 and p5 (Q4_K v4 v6, Q6_K v4 v5) and the 8 tokens;
+    past 8 tokens, registers the token's higher bits (last, as the B operand repeats its tile along N after K);
     every warp holds the whole tile."""
     if num_warps & (num_warps - 1) or reps & (reps - 1):
         raise ValueError(f"num_warps={num_warps} and reps={reps} must be powers of two")
+    if cols not in COLUMN_BLOCKS:
+        raise ValueError(f"cols={cols}: a program multiplies one of {COLUMN_BLOCKS} activation rows")
     bn = 16 * num_warps * reps
     warp_rows = [[16 << j, 0, 0, 0] for j in range(num_warps.bit_length() - 1)]
     rep_rows = [[16 * num_warps << j, 0, 0, 0] for j in range(reps.bit_length() - 1)]
@@ -225,18 +230,18 @@ def layouts(num_warps: int, reps: int, qtype: int = Q4_K) -> tuple:
                       IQ2_XXS: ([0, 16], [0, 32], [0, 64]),
                       IQ2_S: ([0, 16], [0, 32], [0, 64])}.get(qtype, ([0, 32], [0, 16], [0, 64]))
     acts = DistributedLinearLayout(
-        reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], nibble],
+        reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], nibble] + [[8 << j, 0] for j in range(cols.bit_length() - 4)],
         lane_bases=[p4, p5, [1, 0], [2, 0], [4, 0]],
-        warp_bases=[[0, 0]] * (num_warps.bit_length() - 1), block_bases=[], shape=[TOKENS, 128])
+        warp_bases=[[0, 0]] * (num_warps.bit_length() - 1), block_bases=[], shape=[cols, 128])
     acc = NVMMADistributedLayout(version=[2, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 8])
     return codes, acts, acc
 
 
 @constexpr_function
-def _layout(num_warps, reps, qtype, which):
+def _layout(num_warps, reps, qtype, which, cols=TOKENS):
     """layouts(...)[which], built while the kernel compiles: the kernel's own parameters stay plain numbers, which
     Triton's compile hooks serialise as JSON (vLLM sets one after warm-up; a layout object there fails the launch)."""
-    return layouts(num_warps, reps, qtype)[which]
+    return layouts(num_warps, reps, qtype, cols)[which]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -445,18 +450,18 @@ def _iq_weights(idx_lo, idx_hi, half, grid_ptr, s_lo, s_hi, scale_lo, scale_hi, 
 
 
 @jit
-def _half_dot(acc, w_lo, w_hi, xt, QTYPE: tl.constexpr, BN: tl.constexpr, ACC: tl.constexpr):
-    """acc [BN, 8] += W . x over one half super-block: weights [BN, 4, 4, 4] by code byte (low and high nibbles),
-    activations xt [8, 128] (value v of the half at column v), in the permuted K order of the module docstring."""
+def _half_dot(acc, w_lo, w_hi, xt, QTYPE: tl.constexpr, BN: tl.constexpr, ACC: tl.constexpr, COLS: tl.constexpr):
+    """acc [BN, COLS] += W . x over one half super-block: weights [BN, 4, 4, 4] by code byte (low and high nibbles),
+    activations xt [COLS, 128] (value v of the half at column v), in the permuted K order of the module docstring."""
     A_DOT: tl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
     B_DOT: tl.constexpr = gl.DotOperandLayout(operand_index=1, parent=ACC, k_width=2)
     if QTYPE == 14 or QTYPE == 8:
-        xb = gl.permute(gl.reshape(xt, [8, 2, 2, 2, 2, 2, 2, 2]), X_ORDER_Q6K.value)
+        xb = gl.permute(gl.reshape(xt, [COLS, 2, 2, 2, 2, 2, 2, 2]), X_ORDER_Q6K.value)
     elif QTYPE == 16 or QTYPE == 22:
-        xb = gl.permute(gl.reshape(xt, [8, 2, 2, 2, 2, 2, 2, 2]), X_ORDER_IQ.value)
+        xb = gl.permute(gl.reshape(xt, [COLS, 2, 2, 2, 2, 2, 2, 2]), X_ORDER_IQ.value)
     else:
-        xb = gl.permute(gl.reshape(xt, [8, 2, 2, 2, 2, 2, 2, 2]), X_ORDER_Q4K.value)
-    x_lo, x_hi = gl.split(gl.reshape(xb, [64, 8, 2]))
+        xb = gl.permute(gl.reshape(xt, [COLS, 2, 2, 2, 2, 2, 2, 2]), X_ORDER_Q4K.value)
+    x_lo, x_hi = gl.split(gl.reshape(xb, [64, COLS, 2]))
     for nib in gl.static_range(2):
         if nib == 0:
             w = w_lo
@@ -549,7 +554,7 @@ def _load_half(QTYPE: tl.constexpr, rowp, slot, word, act_p, x_ok, sb, HF: tl.co
 
 @jit
 def _consume_half(acc, QTYPE: tl.constexpr, stage, slot, HF: tl.constexpr, BN: tl.constexpr, L4: tl.constexpr,
-                  ACC: tl.constexpr, BF16: tl.constexpr, grid_ptr):
+                  ACC: tl.constexpr, BF16: tl.constexpr, grid_ptr, COLS: tl.constexpr):
     w0, w1, w2, w3, w4, w5, xt = stage
     if QTYPE == 16:
         w_lo, w_hi = _iq2xxs_weights(w0, w1, w2, grid_ptr, L4, BF16)
@@ -580,7 +585,7 @@ def _consume_half(acc, QTYPE: tl.constexpr, stage, slot, HF: tl.constexpr, BN: t
         a_hi = (d * w3.to(gl.int8, bitcast=True).to(gl.float32)).to(dt)
         high = w1 >> gl.expand_dims(2 * (slot // 2), 2)                 # bits 2 (p >> 5) to bits 0-1 (and 4-5)
         w_lo, w_hi = _weights(QTYPE, _bytes(w0, L4), _bytes(high, L4), a_lo, a_lo, a_hi, a_hi, BF16)
-    return _half_dot(acc, w_lo, w_hi, xt, QTYPE, BN, ACC)
+    return _half_dot(acc, w_lo, w_hi, xt, QTYPE, BN, ACC, COLS)
 
 
 @jit
@@ -608,15 +613,18 @@ def _mma_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_p
                 counter_ptr, grid_ptr, num_valid, N, num_units, units_per_split, sb_per_expert, num_splits, a_row_div,
                 top_k, stride_xm, stride_we, stride_wn, stride_os, stride_om, stride_fm,
                 QTYPE: tl.constexpr, WARPS: tl.constexpr, REPS: tl.constexpr, MOE: tl.constexpr,
-                ROUTE_WEIGHTED: tl.constexpr, ROUTING: tl.constexpr, EPILOGUE: tl.constexpr, TOPK: tl.constexpr):
-    """out[s, row, n] = sum over the units of split s of x[row', k] * W[n, k] for the 8 columns of block
+                ROUTE_WEIGHTED: tl.constexpr, ROUTING: tl.constexpr, EPILOGUE: tl.constexpr, TOPK: tl.constexpr,
+                COLS: tl.constexpr):
+    """out[s, row, n] = sum over the units of split s of x[row', k] * W[n, k] for the COLS columns of block
     program_id(0) // cdiv(N, BN) and the BN output features of program_id(0) % cdiv(N, BN):
 
-    * dense (not MOE): columns = rows 8 b .. 8 b + 7 of x, units = super-blocks of K;
-    * SORTED: columns = sorted_ids' block b (moe_align layout, expert expert_ids[b]), x row = id // a_row_div;
-    * PAIRS: column 0 = routed pair b (expert expert_ids[b], topk_ids flattened), x row = b // a_row_div;
-    * TOKEN_SUM: column 0 = token b; units = (top-k slot, super-block) pairs: slot j's expert expert_ids[b top_k + j]
-      against x row b top_k + j, each slot's sum times its routing weight (the top-k sum of a w2 pass).
+    * dense (not MOE): columns = rows COLS b .. COLS b + COLS - 1 of x, units = super-blocks of K;
+    * SORTED: columns = sorted_ids' block b (moe_align layout in blocks of COLS, expert expert_ids[b]), x row =
+      id // a_row_div;
+    * PAIRS (COLS 8): column 0 = routed pair b (expert expert_ids[b], topk_ids flattened), x row = b // a_row_div;
+    * TOKEN_SUM (COLS 8): column 0 = token b; units = (top-k slot, super-block) pairs: slot j's expert
+      expert_ids[b top_k + j] against x row b top_k + j, each slot's sum times its routing weight (the top-k sum of
+      a w2 pass).
 
     Times the routing weight of the column when ROUTE_WEIGHTED.  Columns >= num_valid are neither read nor written.
     EPILOGUE: STORE writes out (a split plane, or the result); REDUCE and REDUCE_SILU write float32 planes, and the
@@ -624,8 +632,8 @@ def _mma_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_p
     REDUCE_SILU: a pair of tiles, gate rows f and up rows N / 2 + f, into SiLU(gate) * up."""
     BF16: tl.constexpr = x_ptr.dtype.element_ty == gl.bfloat16
     L4: tl.constexpr = _layout(WARPS, REPS, QTYPE, 0)
-    LX: tl.constexpr = _layout(WARPS, REPS, QTYPE, 1)
-    ACC: tl.constexpr = _layout(WARPS, REPS, QTYPE, 2)
+    LX: tl.constexpr = _layout(WARPS, REPS, QTYPE, 1, COLS)
+    ACC: tl.constexpr = _layout(WARPS, REPS, QTYPE, 2, COLS)
     BN: tl.constexpr = 16 * WARPS * REPS
     LWORD: tl.constexpr = gl.SliceLayout(3, L4)     # [BN, 4, 4] words of code bytes
     LSLOT: tl.constexpr = gl.SliceLayout(2, LWORD)  # [BN, 4] one value a row and slot (scales, header words)
@@ -637,7 +645,7 @@ def _mma_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_p
     w_base = w_ptr
     if MOE:
         if ROUTING == SORTED:
-            if pid_m * 8 >= gl.load(num_padded_ptr):
+            if pid_m * COLS >= gl.load(num_padded_ptr):
                 return
             w_base = w_ptr + gl.load(expert_ids_ptr + pid_m).to(gl.int64) * stride_we
         elif ROUTING == PAIRS:
@@ -648,16 +656,16 @@ def _mma_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_p
     rows_off = gl.minimum(pid_n * BN + r1, N - 1).to(gl.int64) * stride_wn  # clamped: every weight load in bounds
     rowp = gl.expand_dims(w_base + rows_off, 1)
     # activation rows [8, 128]: the columns' ids, which are valid, the x row each reads
-    tok_x = gl.arange(0, 8, layout=gl.SliceLayout(1, LX))
+    tok_x = gl.arange(0, COLS, layout=gl.SliceLayout(1, LX))
     val_x = gl.arange(0, 128, layout=gl.SliceLayout(0, LX))
     if MOE and ROUTING == SORTED:
-        ids_x = gl.load(sorted_ids_ptr + pid_m * 8 + tok_x)
+        ids_x = gl.load(sorted_ids_ptr + pid_m * COLS + tok_x)
         ok_x = ids_x < num_valid
     elif MOE:
         ids_x = pid_m + tok_x * 0
         ok_x = (tok_x == 0) & (ids_x < num_valid)
     else:
-        ids_x = pid_m * 8 + tok_x
+        ids_x = pid_m * COLS + tok_x
         ok_x = ids_x < num_valid
     if ROUTING == TOKEN_SUM:
         x_rows = gl.where(ok_x, ids_x, 0).to(gl.int64) * top_k
@@ -675,8 +683,8 @@ def _mma_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_p
 
     first = pid_s * units_per_split
     last = gl.minimum(first + units_per_split, num_units)
-    acc = gl.zeros([BN, 8], gl.float32, layout=ACC)
-    total = gl.zeros([BN, 8], gl.float32, layout=ACC)   # TOKEN_SUM: the slots' weighted sums
+    acc = gl.zeros([BN, COLS], gl.float32, layout=ACC)
+    total = gl.zeros([BN, COLS], gl.float32, layout=ACC)   # TOKEN_SUM: the slots' weighted sums
     rp, ap, sb, rw = _unit(first, rowp, act_p, ids_vec, rw_vec, lanes, rows_off, w_ptr, stride_we, stride_xm,
                            sb_per_expert, ROUTING)
     stage0 = _load_half(QTYPE, rp, slot, word, ap, x_ok, sb, 0, BN, L4)
@@ -685,11 +693,11 @@ def _mma_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_p
         rp, ap, sb, rw = _unit(u, rowp, act_p, ids_vec, rw_vec, lanes, rows_off, w_ptr, stride_we, stride_xm,
                                sb_per_expert, ROUTING)
         stage1 = _load_half(QTYPE, rp, slot, word, ap, x_ok, sb, 1, BN, L4)
-        acc = _consume_half(acc, QTYPE, stage0, slot, 0, BN, L4, ACC, BF16, grid_ptr)
+        acc = _consume_half(acc, QTYPE, stage0, slot, 0, BN, L4, ACC, BF16, grid_ptr, COLS)
         rpn, apn, sbn, rwn = _unit(gl.minimum(u + 1, last - 1), rowp, act_p, ids_vec, rw_vec, lanes, rows_off,
                                    w_ptr, stride_we, stride_xm, sb_per_expert, ROUTING)
         stage0 = _load_half(QTYPE, rpn, slot, word, apn, x_ok, sbn, 0, BN, L4)
-        acc = _consume_half(acc, QTYPE, stage1, slot, 1, BN, L4, ACC, BF16, grid_ptr)
+        acc = _consume_half(acc, QTYPE, stage1, slot, 1, BN, L4, ACC, BF16, grid_ptr, COLS)
         if ROUTING == TOKEN_SUM:   # a slot ends (or the split does): its sum joins the total, weighted
             done = (sb == sb_per_expert - 1) | (u == last - 1)
             total = total + acc * gl.where(done, rw, 0.0)
@@ -698,15 +706,15 @@ def _mma_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_p
         acc = total
 
     feat = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, ACC))
-    tok_c = gl.arange(0, 8, layout=gl.SliceLayout(0, ACC))
+    tok_c = gl.arange(0, COLS, layout=gl.SliceLayout(0, ACC))
     if MOE and ROUTING == SORTED:
-        ids_c = gl.load(sorted_ids_ptr + pid_m * 8 + tok_c)
+        ids_c = gl.load(sorted_ids_ptr + pid_m * COLS + tok_c)
         ok_c = ids_c < num_valid
     elif MOE:
         ids_c = pid_m + tok_c * 0
         ok_c = (tok_c == 0) & (ids_c < num_valid)
     else:
-        ids_c = pid_m * 8 + tok_c
+        ids_c = pid_m * COLS + tok_c
         ok_c = ids_c < num_valid
     ids_c = gl.where(ok_c, ids_c, 0).to(gl.int64)
     if ROUTE_WEIGHTED:
@@ -729,7 +737,7 @@ def _mma_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_p
         if gl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu") == n_arrivals - 1:
             out_col = gl.expand_dims(ids_c * stride_fm, 0)
             if EPILOGUE == REDUCE:
-                total = gl.zeros([BN, 8], gl.float32, layout=ACC)
+                total = gl.zeros([BN, COLS], gl.float32, layout=ACC)
                 for s in range(num_splits):
                     total += gl.load(op + (s - pid_s) * stride_os, mask=mask, other=0.0, cache_modifier=".cg")
                 gl.store(final_ptr + out_col + gl.expand_dims(feat, 1), total.to(final_ptr.dtype.element_ty),
@@ -738,8 +746,8 @@ def _mma_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_p
                 f = (pid_n % half_n) * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, ACC))
                 half_mask = gl.expand_dims(ok_c, 0) & gl.expand_dims(f < N // 2, 1)
                 gp = out_ptr + col_off + gl.expand_dims(f, 1)
-                g = gl.zeros([BN, 8], gl.float32, layout=ACC)
-                up = gl.zeros([BN, 8], gl.float32, layout=ACC)
+                g = gl.zeros([BN, COLS], gl.float32, layout=ACC)
+                up = gl.zeros([BN, COLS], gl.float32, layout=ACC)
                 for s in range(num_splits):
                     g += gl.load(gp + s * stride_os, mask=half_mask, other=0.0, cache_modifier=".cg")
                     up += gl.load(gp + s * stride_os + N // 2, mask=half_mask, other=0.0, cache_modifier=".cg")
@@ -797,6 +805,13 @@ def splits(tiles: int, num_sb: int, num_sms: int, tuning: dict) -> tuple[int, in
     return -(-num_sb // per), per
 
 
+# A program's activation rows (COLS) by the rows it would otherwise share a weight tile with: up to 8, 8; then the
+# wider blocks, each decoded weight multiplied by up to 32 rows (prefill-sized MoEs, dense linears of 9-32 rows)
+def cols_for(rows: float) -> int:
+    """The COLUMN_BLOCKS entry for ``rows`` activation rows a weight tile (MoE: routed rows an expert, on average)."""
+    return next((c for c in COLUMN_BLOCKS if rows <= c), COLUMN_BLOCKS[-1])
+
+
 def covers(qtype: int, k: int, dtype, types: tuple = MMA_TYPES) -> bool:
     """True when the plans run a weight of ``qtype`` with input width k for ``dtype`` activations here (types:
     KERNEL_TYPES for what the kernel can compute at all)."""
@@ -816,12 +831,13 @@ def aligned(w, qtype: int) -> bool:
 
 def launch(x, w, out, *, qtype: int, n: int, num_valid: int, num_blocks: int, split: int, sb_per_split: int,
            a_row_div: int = 1, route=None, routing: int = 0, final=None, gated: bool = False, top_k: int = 1,
-           grid_table=None, tuning: dict | None = None) -> None:
+           grid_table=None, tuning: dict | None = None, cols: int = TOKENS) -> None:
     """One launch: x [rows, K] (bf16/fp16), w [N, row bytes] (linear) or [E, N, row bytes] (with route), out
     [split, out rows, N] float32 partial sums (split > 1, or final given) or [out rows, N].
 
-    route: None for a dense linear (rows 8 b .. 8 b + 7 of x for block b), or (sorted_ids, expert_ids, num_padded,
-    route weights or None) for a MoE pass — routing SORTED: moe_align's layout in blocks of 8 rows; PAIRS: one
+    route: None for a dense linear (rows cols b .. cols b + cols - 1 of x for block b), or (sorted_ids, expert_ids,
+    num_padded, route weights or None) for a MoE pass — routing SORTED: moe_align's layout in blocks of cols rows
+    (each decoded weight multiplied by all of them); PAIRS: one
     routed pair a block, expert_ids = topk_ids flattened (sorted_ids, num_padded None); TOKEN_SUM: one token a block
     summed over its top_k slots (expert_ids = topk_ids flattened, route weights required), sb_per_split then counts
     (slot, super-block) units.  final: the launch's result [out rows, N] (gated: [out rows, N / 2], SiLU(gate) * up),
@@ -829,6 +845,9 @@ def launch(x, w, out, *, qtype: int, n: int, num_valid: int, num_blocks: int, sp
     t = tuning_for(qtype, tuning)
     bn = block_rows(t)
     moe = route is not None
+    if cols not in COLUMN_BLOCKS or (cols != TOKENS and routing != SORTED.value):
+        raise ValueError(f"cols={cols}: {COLUMN_BLOCKS} rows a program with SORTED routing or a dense linear, "
+                         f"{TOKENS} otherwise")
     sorted_ids, expert_ids, num_padded, route_w = route if moe else (None, None, None, None)
     num_sb = x.shape[1] // SB_VALUES.value
     units = top_k * num_sb if routing == TOKEN_SUM.value else num_sb
@@ -847,7 +866,8 @@ def launch(x, w, out, *, qtype: int, n: int, num_valid: int, num_blocks: int, sp
         out.stride(0) if out.dim() == 3 else 0, out.stride(-2), final.stride(0) if final is not None else 0,
         QTYPE=qtype, WARPS=t["num_warps"],
         REPS=t["reps"], MOE=moe, ROUTE_WEIGHTED=route_w is not None and routing != TOKEN_SUM.value,
-        ROUTING=routing, EPILOGUE=epilogue, TOPK=max(2, 1 << (top_k - 1).bit_length()), num_warps=t["num_warps"])
+        ROUTING=routing, EPILOGUE=epilogue, TOPK=max(2, 1 << (top_k - 1).bit_length()), COLS=cols,
+        num_warps=t["num_warps"])
     if separate:
         _sum_planes(out, final, gated)
 
@@ -863,23 +883,25 @@ def _sum_planes(planes, final, gated: bool) -> None:
     final.copy_(total)
 
 
-def linear(x, qweight, qtype: int, n: int, num_sms: int, tuning: dict | None = None, grid_table=None):
-    """x [M, K] @ W[:n].T for a weight of one of MMA_TYPES [>= n, row bytes]: M rows in blocks of 8, K split to
-    fill the GPU, the split sums added by the last program of each tile (one launch)."""
+def linear(x, qweight, qtype: int, n: int, num_sms: int, tuning: dict | None = None, grid_table=None,
+           cols: int | None = None):
+    """x [M, K] @ W[:n].T for a weight of one of MMA_TYPES [>= n, row bytes]: M rows in blocks of cols (default
+    cols_for(M)), K split to fill the GPU, the split sums added by the last program of each tile (one launch)."""
     import torch
     m, k = x.shape
     tuning = tuning_for(qtype, tuning)
-    num_blocks = -(-m // TOKENS)
+    cols = cols or cols_for(m)
+    num_blocks = -(-m // cols)
     tiles = num_blocks * -(-n // block_rows(tuning))
     split, per = splits(tiles, k // SB_VALUES.value, num_sms, tuning)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if split == 1:
         launch(x, qweight, out, qtype=qtype, n=n, num_valid=m, num_blocks=num_blocks, split=1, sb_per_split=per,
-               grid_table=grid_table, tuning=tuning)
+               grid_table=grid_table, tuning=tuning, cols=cols)
     else:
         part = torch.empty(split, m, n, dtype=torch.float32, device=x.device)
         launch(x, qweight, part, qtype=qtype, n=n, num_valid=m, num_blocks=num_blocks, split=split,
-               sb_per_split=per, final=out, grid_table=grid_table, tuning=tuning)
+               sb_per_split=per, final=out, grid_table=grid_table, tuning=tuning, cols=cols)
     return out
 
 
@@ -900,16 +922,21 @@ def kernel_configs() -> list[dict]:
                 ("moe pairs w13, SiLU reduced", True, False, PAIRS, REDUCE_SILU, "*fp32"),
                 ("moe top-k sum -> bf16", True, False, TOKEN_SUM, STORE, "*bf16"),
                 ("moe top-k sum split-K, reduced", True, False, TOKEN_SUM, REDUCE, "*fp32"))
+    # the SORTED and dense variants also with COLUMN_BLOCKS' wider programs (prefill-sized rows an expert)
+    wide = [(what, moe, weighted, routing, epilogue, out, cols) for what, moe, weighted, routing, epilogue, out
+            in variants if routing is SORTED for cols in COLUMN_BLOCKS]
     cfgs = []
     for qtype in KERNEL_TYPES:
         t = tuning_for(qtype)
-        for what, moe, weighted, routing, epilogue, out in variants:
-            cfgs.append(dict(name=f"mma {gguf.GGMLQuantizationType(qtype).name.lower()} {what}",
+        for what, moe, weighted, routing, epilogue, out, cols in wide + [(*v, TOKENS) for v in variants
+                                                                         if v[3] is not SORTED]:
+            cfgs.append(dict(name=f"mma {gguf.GGMLQuantizationType(qtype).name.lower()} {what}"
+                                  f"{f' x{cols} rows' if cols != TOKENS else ''}",
                              kernel=_mma_moe_kernel if moe else _mma_kernel,
                              signature={**sig, "out_ptr": out},
                              constexprs=dict(QTYPE=qtype, WARPS=t["num_warps"], REPS=t["reps"],
                                              MOE=moe, ROUTE_WEIGHTED=weighted, ROUTING=routing.value,
-                                             EPILOGUE=epilogue.value, TOPK=8),
+                                             EPILOGUE=epilogue.value, TOPK=8, COLS=cols),
                              num_warps=t["num_warps"], num_stages=1, gluon=True,
                              divisible_by_16=("x_ptr", "w_ptr", "out_ptr", "grid_ptr", "stride_xm", "stride_we",
                                               "stride_wn", "stride_om")))

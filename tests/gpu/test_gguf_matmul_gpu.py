@@ -17,7 +17,7 @@ from glm5_shim.gguf.kernel_coverage import SHIM_KERNEL_TYPES
 
 pytestmark = pytest.mark.gpu
 COMPILED_KERNELS = ("_linear_kernel", "_moe_kernel", "_silu_mul_splits_kernel", "_mma_kernel",
-                    "_mma_moe_kernel")
+                    "_mma_moe_kernel", "_moe_dense_kernel")
 
 U = {torch.bfloat16: 2.0 ** -9, torch.float16: 2.0 ** -12}
 # every type the kernels read (kernel_coverage: pure, no kernel import)
@@ -103,6 +103,30 @@ def test_moe_vs_float64(types, dtype):
         want = ref.moe_reference(x.to(dtype), w13, w2, wts, ids, q13, q2)
         err = _rel(got, want)
         assert err <= 4 * U[dtype], (types, dtype, t, hot, err)
+
+
+@pytest.mark.compiled_kernels("_moe_dense_kernel", "_dequant_kernel")
+@pytest.mark.parametrize("types", [("Q4_K", "Q6_K"), ("Q8_0", "Q5_K"), ("IQ2_XXS", "IQ2_S"), ("Q2_K", "IQ4_XS"),
+                                   ("IQ3_S", "IQ1_M")])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_moe_dequantized_vs_float64(types, dtype):
+    """Prefill-sized MoEs on experts dequantized to 16 bits a chunk at a time (_moe_dequantized): one chunk, chunks
+    of 3 experts (11 chunks, the last of 2; blocks outside a chunk return at once), each tile shape the bench
+    times; the weights rounded once to the activation dtype, as on the other paths: same bound."""
+    gm, ref = _mods()
+    q13, q2 = getattr(gm, types[0]), getattr(gm, types[1])
+    g = torch.Generator().manual_seed(q13 * 17 + q2)
+    e, h, inter, top_k = 32, 1024, 256, 8
+    per_expert = 2 * inter * h * 2
+    wide = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8}
+    for t, hot, chunk, tuning in ((300, None, 1 << 30, {}), (300, None, 3 * per_expert, {}),
+                                  (97, 5, 3 * per_expert, {}), (300, None, 8 * per_expert, wide)):
+        w13, w2, x, ids, wts = _moe_case(q13, q2, e, h, inter, t, top_k, g, hot)
+        plan = {**gm.moe_plan(t, top_k, e, tuning=tuning, dequant=True), "chunk_bytes": chunk}
+        got = gm.gguf_moe(x.to(dtype).cuda(), w13.cuda(), w2.cuda(), wts.cuda(), ids.cuda(), q13, q2, plan=plan)
+        want = ref.moe_reference(x.to(dtype), w13, w2, wts, ids, q13, q2)
+        err = _rel(got, want)
+        assert err <= 4 * U[dtype], (types, dtype, t, hot, chunk, tuning, err)
 
 
 @pytest.mark.compiled_kernels()  # torch ops against vLLM's CUDA op: no Triton kernel runs here

@@ -82,6 +82,46 @@ def test_moe_decode(types, dtype):
         assert not _arrivals().counters(d13.device).any()   # every arrival counter left at zero
 
 
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K", "Q8_0", "IQ2_XXS", "IQ2_S"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_wide_blocks_within_bound(name, dtype):
+    """Programs of 16 and 32 activation rows (gguf_mma.COLUMN_BLOCKS: the token bits past 8 in registers, the B
+    operand repeated along N): a dense linear of 9-64 rows, blocks partly filled, and a MoE with 16 and 32-row
+    sorted blocks (one expert group hot with 40 rows each: two 32-row blocks, the second partly filled; random
+    routings), within the same bounds as 8-row programs."""
+    gm, ref, mma = _mods()
+    qtype = getattr(gm, name)
+    g = torch.Generator().manual_seed(7 * qtype + (dtype == torch.float16))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    n, k = 333, 1024
+    w = ref.random_blocks(qtype, n, k, g)
+    wd, w64 = w.cuda(), ref.dequantize(w, qtype, k)
+    table = gm.grid_table(qtype, wd.device) if qtype in mma.GRID_TYPES else None
+    for m, cols in ((9, 16), (16, 16), (17, 32), (32, 32), (45, 16), (64, 32)):
+        x = torch.randn(m, k, generator=g).to(dtype)
+        got = mma.linear(x.cuda(), wd, qtype, n, sms, grid_table=table, cols=cols)
+        want = x.double() @ w64.T
+        bound = ref.mma_error_bound(x, w, qtype, k, U[dtype]) + U[dtype] * want.abs()
+        excess = ((got.double().cpu() - want).abs() - bound).max().item()
+        assert excess <= 0, (name, dtype, m, cols, excess)
+    e, h, inter, top_k = 32, 1024, 256, 8
+    w13 = torch.stack([ref.random_blocks(qtype, 2 * inter, h, g) for _ in range(e)])
+    w2 = torch.stack([ref.random_blocks(qtype, h, inter, g) for _ in range(e)])
+    d13, d2 = w13.cuda(), w2.cuda()
+    for t, hot, cols in ((40, 3, 32), (40, 3, 16), (64, None, 16), (96, None, 32), (7, None, 32)):
+        x = torch.randn(t, h, generator=g).to(dtype)
+        ids = (torch.arange(hot, hot + top_k).repeat(t, 1) % e if hot is not None
+               else torch.stack([torch.randperm(e, generator=g)[:top_k] for _ in range(t)])).to(torch.int32)
+        wts = torch.rand(t, top_k, generator=g)
+        wts = wts / wts.sum(1, keepdim=True)
+        plan = {**gm.moe_plan(t, top_k, e, decode=True), "mma": True, "direct": False, "mma_cols": cols}
+        got = gm.gguf_moe(x.cuda(), d13, d2, wts.cuda(), ids.cuda(), qtype, qtype, plan=plan)
+        want = ref.moe_reference(x, w13, w2, wts, ids, qtype, qtype)
+        err = ((got.double().cpu() - want).norm() / want.norm()).item()
+        assert err <= 8 * U[dtype], (name, dtype, t, hot, cols, err)
+        assert not _arrivals().counters(d13.device).any()
+
+
 def test_cuda_graph_capture_and_replay(monkeypatch):
     gm, ref, mma = _mods()
     monkeypatch.setenv("GLM5_SHIM_GGUF_DECODE", "mma")

@@ -130,6 +130,55 @@ def test_moe_decode_split_and_prefill_fused(q13, q2):
     assert _rel(got, ref.moe_reference(x.half(), w13, w2, wts, ids, q13, q2)) <= 2 * TOL[torch.float16]
 
 
+@pytest.mark.parametrize("q13,q2", [("Q4_K", "Q6_K"), ("IQ2_XXS", "Q8_0"), ("Q2_K", "IQ4_XS"), ("IQ3_S", "IQ1_M")])
+def test_moe_dequantized_chunks(q13, q2):
+    """Prefill-sized MoEs on experts dequantized a chunk at a time (gguf_matmul._moe_dequantized): all experts in
+    one chunk, chunks of 2 (the last partly filled: 7 experts), one expert a chunk; fp32 (exact weights, ieee dots)
+    and fp16 (weights rounded once, as on every path) against float64."""
+    q13, q2 = TYPES[q13], TYPES[q2]
+    g = torch.Generator().manual_seed(5 * q13 + q2)
+    e, h, inter, top_k = 7, 256, 256, 3
+    per_expert = 2 * inter * h
+    for t, hot, chunk_experts, dtype in ((20, False, e, torch.float32), (20, False, 2, torch.float16),
+                                         (9, True, 1, torch.float32)):
+        w13, w2, x, ids, wts = _moe(q13, q2, e, h, inter, t, top_k, g, hot)
+        x = x.to(dtype)
+        plan = {**gm.moe_plan(t, top_k, e, dequant=True),
+                "chunk_bytes": chunk_experts * per_expert * x.element_size()}
+        want = ref.moe_reference(x, w13, w2, wts, ids, q13, q2)
+        tol = TOL[dtype] * (2 if dtype == torch.float16 else 1)
+        assert _rel(gm.gguf_moe(x, w13, w2, wts, ids, q13, q2, plan=plan), want) <= tol, (t, chunk_experts, dtype)
+
+
+def test_moe_regimes_follow_the_measured_thresholds(monkeypatch):
+    """Which path a 16-bit MoE takes by its mean rows an expert (kernel_coverage's session-12 tables): Q6_K on the
+    register-MMA kernel to 64 rows (32-row blocks there), dequantized past it; Q4_K on the register MMA to 16 rows
+    (16-row blocks at 8), the prefill tiles to 191, dequantized from 192; a type without a register-MMA kernel
+    (Q2_K) on the tiles below 128 rows."""
+    from glm5_shim.kernels import gguf_mma
+
+    taken = []
+    monkeypatch.setattr(gm, "_moe_dequantized", lambda *a, **kw: taken.append("dequant") or a[-1])
+    monkeypatch.setattr(gm, "_moe_decode", lambda *a, **kw: taken.append("mma") or a[-1])
+    monkeypatch.setattr(gm, "_tile_pass", lambda *a, **kw: taken.append("tiles"))
+    monkeypatch.setattr(gm, "mma_decode", lambda qtype, *a, **kw: int(qtype) in gguf_mma.KERNEL_TYPES)
+    e, top_k, h, inter = 256, 8, 256, 256
+    for name, rows, want in (("Q6_K", 8, "mma"), ("Q6_K", 64, "mma"), ("Q6_K", 96, "dequant"),
+                             ("Q4_K", 16, "mma"), ("Q4_K", 32, "tiles"), ("Q4_K", 128, "tiles"),
+                             ("Q4_K", 256, "dequant"), ("Q2_K", 64, "tiles"), ("Q2_K", 128, "dequant")):
+        qt = TYPES[name]
+        t = rows * e // top_k
+        x = torch.zeros(t, h, dtype=torch.float16)
+        w13 = torch.zeros(e, 2 * inter, gm.row_bytes(qt, h), dtype=torch.uint8)
+        w2 = torch.zeros(e, h, gm.row_bytes(qt, inter), dtype=torch.uint8)
+        ids = torch.zeros(t, top_k, dtype=torch.int32)
+        taken.clear()
+        gm.gguf_moe(x, w13, w2, torch.zeros(t, top_k), ids, qt, qt, align=lambda *a: (None, torch.zeros(1), None))
+        assert taken and taken[0] == want, (name, rows, taken)
+    # the register-MMA blocks a sorted MoE uses: for twice the mean rows an expert
+    assert [gguf_mma.cols_for(2 * r) for r in (2, 4, 8, 16, 64)] == [8, 8, 16, 32, 32]
+
+
 def test_moe_align_groups_every_routed_row_once_in_blocks_of_its_expert():
     g = torch.Generator().manual_seed(8)
     for t, e, top_k, bm in ((1, 16, 4, 16), (7, 8, 3, 4), (50, 6, 2, 8)):

@@ -117,6 +117,52 @@ def test_iq_linears_stay_on_the_register_mma_kernel_to_their_row_limit(monkeypat
             assert ((got.double() - want).norm() / want.norm()).item() <= 2e-3, (name, m)
 
 
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "IQ2_XXS"])
+def test_wide_blocks_within_bound(name):
+    """Programs of 16 and 32 activation rows (COLUMN_BLOCKS): a dense linear with blocks partly filled, and a MoE
+    in 16/32-row sorted blocks (an expert group hot with 40 rows: a full and a partly filled 32-row block), within
+    the bound of 8-row programs.  Rows past 8 are what the wider layouts add: a wrong token index would pair an
+    activation row with another row's output, O(|out|) off."""
+    qtype = getattr(gm, name)
+    g = torch.Generator().manual_seed(11 + qtype)
+    n, k = 72, 512
+    w = ref.random_blocks(qtype, n, k, g)
+    table = gm.grid_table(qtype, w.device) if qtype in mma.GRID_TYPES else None
+    for m, cols in ((13, 16), (32, 32), (19, 32)):
+        x = torch.randn(m, k, generator=g).half()
+        got = mma.linear(x, w, qtype, n, 4, grid_table=table, cols=cols)
+        ok, excess, rel = _within_bound(got, x, w, qtype, k)
+        assert ok and rel <= 2e-3, (name, m, cols, excess, rel)
+    e, h, inter, top_k = 4, 512, 256, 3
+    w13 = torch.stack([ref.random_blocks(qtype, 2 * inter, h, g) for _ in range(e)])
+    w2 = torch.stack([ref.random_blocks(gm.Q6_K, h, inter, g) for _ in range(e)])
+    for t, hot, cols in ((40, 1, 32), (20, None, 16)):
+        x = (torch.randn(t, h, generator=g) * 0.5).half()
+        ids = (torch.arange(hot, hot + top_k).repeat(t, 1) % e if hot is not None
+               else torch.stack([torch.randperm(e, generator=g)[:top_k] for _ in range(t)])).to(torch.int32)
+        wts = torch.rand(t, top_k, generator=g)
+        plan = {**gm.moe_plan(t, top_k, e, decode=True), "mma": True, "direct": False, "mma_cols": cols}
+        got = gm.gguf_moe(x, w13, w2, wts, ids, qtype, gm.Q6_K, plan=plan)
+        want = ref.moe_reference(x, w13, w2, wts, ids, qtype, gm.Q6_K)
+        rel = ((got.double() - want).norm() / want.norm()).item()
+        assert rel <= 4e-3, (name, t, hot, cols, rel)
+
+
+def test_program_rows_follow_the_rows_a_weight_tile_serves():
+    """cols_for: 8-row programs up to 8 rows, then the smallest wider block that holds them, at most 32; a launch
+    refuses other widths, and wide programs outside the sorted layout or a dense linear."""
+    assert [mma.cols_for(r) for r in (1, 4, 8, 8.5, 16, 17, 32, 200)] == [8, 8, 8, 16, 16, 32, 32, 32]
+    x = torch.zeros(8, 256, dtype=torch.float16)
+    w = torch.zeros(16, 144, dtype=torch.uint8)
+    out = torch.empty(8, 16, dtype=torch.float16)
+    with pytest.raises(ValueError, match="cols=24"):
+        mma.launch(x, w, out, qtype=mma.Q4_K, n=16, num_valid=8, num_blocks=1, split=1, sb_per_split=1, cols=24)
+    with pytest.raises(ValueError, match="cols=16"):
+        mma.launch(x, w.view(1, 16, 144), out, qtype=mma.Q4_K, n=16, num_valid=8, num_blocks=8, split=1,
+                   sb_per_split=1, route=(None, torch.zeros(8, dtype=torch.int32), None, None),
+                   routing=mma.PAIRS.value, cols=16)
+
+
 @pytest.mark.parametrize("types", [("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q6_K", "Q8_0"), ("Q8_0", "Q4_K"),
                                    ("Q5_K", "Q5_K"), ("Q4_K", "Q2_K"), ("Q3_K", "Q6_K"), ("IQ2_XXS", "IQ2_XXS"),
                                    ("IQ2_XXS", "Q4_K"), ("IQ2_XXS", "IQ2_S"), ("IQ2_S", "IQ2_S")])
