@@ -171,6 +171,10 @@ def call_inputs(t: int, gen: torch.Generator, expert_bytes: int, bw: float):
     return ids, wts, x, floor
 
 
+VLLM_GGUF_MAX_TOKENS = [1 << 30]   # --vllm-gguf-max-tokens: MoE calls past it skip vLLM's GGUF kernels (slow there)
+DEQUANT_TUNINGS = [{}]   # the dequantizing MoE's tile shapes timed (--dequant-tunings), {} = MOE_DEQUANT_TUNING
+
+
 def bench_moe(tp: int, type_names, tokens, bw, peak, gen, vg, bf16_moe, rows):
     inter = EXPERT_WIDTH // tp
     for name in type_names:
@@ -189,7 +193,7 @@ def bench_moe(tp: int, type_names, tokens, bw, peak, gen, vg, bf16_moe, rows):
                 row["rel_err_vs_bf16"] = ((ours.float() - want.float()).norm() / want.float().norm()).item()
             row["shim_us"] = graph_us([lambda i=i, w=w: gm.gguf_moe(x, w13, w2, w, i, qt, qt, align=ALIGN)
                                        for i, w in zip(ids, wts)])
-            if vg is not None:
+            if vg is not None and t <= VLLM_GGUF_MAX_TOKENS[0]:
                 try:
                     row["vllm_gguf_us"] = graph_us([
                         lambda i=i, w=w: vg._fused_moe_gguf(xh, w13, w2, w, i, qt, qt, "silu")
@@ -212,11 +216,18 @@ def bench_moe(tp: int, type_names, tokens, bw, peak, gen, vg, bf16_moe, rows):
                     arms.update(mma_direct={**plan, "mma": True, "direct": True},
                                 mma_sorted={**plan, "mma": True, "direct": False})
             elif gguf_mma.covers(qt, HIDDEN, x.dtype, gguf_mma.KERNEL_TYPES):
-                # above the common decode threshold the plans pick by MMA_MOE_MAX_ROWS_PER_EXPERT (shim_us); both
+                # above the common decode threshold the plans pick by MMA_MOE_MAX_ROWS_PER_EXPERT (shim_us); the
                 # regimes named: the prefill tiles, and the decode regime's register-MMA passes over moe_align's
-                # 8-row blocks (an expert's weights read once a block)
-                arms = {"prefill_tiles": plan,
-                        "mma_sorted": {**gm.moe_plan(t, TOP_K, EXPERTS, decode=True), "mma": True, "direct": False}}
+                # 8-row blocks, an expert's weights read once a block (mma_sorted), and the wider blocks of 16 and
+                # 32 rows that multiply each decoded weight by more rows (mma_c16, mma_c32)
+                forced = {**gm.moe_plan(t, TOP_K, EXPERTS, decode=True), "mma": True, "direct": False}
+                arms = {"prefill_tiles": {**gm.moe_plan(t, TOP_K, EXPERTS), "mma": False}}
+                if t * TOP_K / EXPERTS <= 64:   # past that, blocks of 32 rows decode a weight 3+ times
+                    arms.update(mma_sorted={**forced, "mma_cols": 8}, mma_c16={**forced, "mma_cols": 16},
+                                mma_c32={**forced, "mma_cols": 32})
+            if t * TOP_K / EXPERTS >= 8:   # the experts dequantized a chunk at a time, 16-bit tiles (each tuning)
+                arms.update({f"dequant{i or ''}": gm.moe_plan(t, TOP_K, EXPERTS, tuning=tun, dequant=True)
+                             for i, tun in enumerate(DEQUANT_TUNINGS)})
             for arm, aplan in arms.items():   # each arm a whole plan
                 mine = gm.gguf_moe(x, w13, w2, wts[0], ids[0], qt, qt, align=ALIGN, plan=aplan)
                 row[f"{arm}_rel_vs_shim"] = ((mine.float() - ours.float()).norm() / ours.float().norm()).item()
@@ -292,6 +303,9 @@ def bench_dense(type_names, tokens, bw, peak, gen, vg, rows, tile_rows=False):
                     row["mma_us"] = graph_us([lambda w=w: gguf_mma.linear(x, w, qt, n, sms, grid_table=table)
                                               for w in ws] * 2)
                     row["mma_pct_floor"] = 100 * row["floor_us"] / row["mma_us"]
+                    if t > gguf_mma.TOKENS:   # the same in 8-row programs (each reading the weight)
+                        row["mma8_us"] = graph_us([lambda w=w: gguf_mma.linear(x, w, qt, n, sms, grid_table=table,
+                                                                               cols=gguf_mma.TOKENS) for w in ws] * 2)
                 if tile_rows and 16 < t <= 64:
                     for arm, tuning in TILE_ROW_ARMS.items():
                         aplan = gm.linear_plan(t, n, k, sms, tuning)
@@ -412,8 +426,10 @@ def bench_mma_sweep(bw, gen, rows, types=("Q4_K", "Q6_K"), tokens=(1, 32), grid=
         torch.cuda.empty_cache()
 
 
-def bench_sweep(bw, gen, rows, types=("Q4_K",)):
-    """Time alternative launch parameters so the tuning constants in kernels/gguf_matmul.py can be chosen."""
+def bench_sweep(bw, gen, rows, types=("Q4_K",), prefill_tokens=(1024,), decode_tokens=(1, 32), dense=True):
+    """Time alternative launch parameters so the tuning constants in kernels/gguf_matmul.py can be chosen: decode
+    shapes at each of ``decode_tokens``, prefill tiles (Q4_K only) at each of ``prefill_tokens``, then (dense) the
+    dense linears'."""
     import itertools
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     decode = [dict(BLOCK_N=bn, num_stages=st, ctas_per_sm=c, num_warps=w)
@@ -424,7 +440,8 @@ def bench_sweep(bw, gen, rows, types=("Q4_K",)):
                                                                                                      and w == 4)]
     for name in types:
         qt, w13, w2, expert_bytes = rank_experts(name, gen)
-        for t, cfgs in ((1, decode), (32, decode), (1024, prefill if name == "Q4_K" else [])):
+        points = [(t, decode) for t in decode_tokens] + [(t, prefill if name == "Q4_K" else []) for t in prefill_tokens]
+        for t, cfgs in points:
             ids, wts, x, floor = call_inputs(t, gen, expert_bytes, bw)
             for cfg in cfgs:
                 plan = gm.moe_plan(t, TOP_K, EXPERTS, tuning=cfg)
@@ -433,7 +450,7 @@ def bench_sweep(bw, gen, rows, types=("Q4_K",)):
                               for i, w in zip(ids, wts)])
         w13 = w2 = None
         torch.cuda.empty_cache()
-    for lname, name in (("q_a+kv_a", "Q4_K"), ("lm_head", "Q6_K")):
+    for lname, name in (("q_a+kv_a", "Q4_K"), ("lm_head", "Q6_K")) if dense else ():
         n, k = DENSE_TP8[lname]
         qt = TYPES[name]
         one = gm.row_bytes(qt, k) * n
@@ -573,17 +590,23 @@ def markdown(rows, bw, device) -> str:
                        f"{fmt(r.get('mma_sorted_us'), 1)} | {fmt(r['floor_us'], 1)} | {fmt(r['shim_pct_floor'])} | "
                        f"{rel:.4f} |")
         out.append("")
-    pa = [r for r in rows if r["kind"] == "moe" and "prefill_tiles_us" in r]
+    pa = [r for r in rows if r["kind"] == "moe" and ("prefill_tiles_us" in r or "dequant_us" in r)]
     if pa:
-        out += ["## MoE above the common decode threshold (µs): the plans' choice (shim), the prefill tiles and the "
-                "decode regime on the register-MMA kernel (8-row blocks), and vLLM on bf16 weights", "",
-                "| TP | type | T | **shim** | prefill tiles | register-MMA, sorted | vLLM bf16 | floor "
-                "| rel vs shim: tiles, mma |", "|---|---|---|---|---|---|---|---|---|"]
+        deq = sorted({k[:-3] for r in pa for k in r if k.startswith("dequant") and k.endswith("_us")})
+        out += ["## MoE above the common decode threshold (µs): the plans' choice (shim), the prefill tiles, the "
+                "decode regime on the register-MMA kernel (blocks of 8, 16, 32 rows), the experts dequantized a chunk "
+                "at a time (" + ", ".join(f"{d}: {DEQUANT_TUNINGS[int(d[7:] or 0)] or 'default'}" for d in deq)
+                + "), and vLLM on bf16 weights", "",
+                "| TP | type | T | **shim** | prefill tiles | register-MMA, 8 rows | 16 rows | 32 rows | "
+                + "".join(f"{d} | " for d in deq) + "vLLM bf16 | floor | max rel vs shim |",
+                "|---|---|---|---|---|---|---|---|" + "---|" * len(deq) + "---|---|---|"]
         for r in pa:
+            rel = max(v for k, v in r.items() if k.endswith("_rel_vs_shim"))
             out.append(f"| {r['tp']} | {r['type']} | {r['T']} | **{fmt(r['shim_us'], 1)}** | "
-                       f"{fmt(r['prefill_tiles_us'], 1)} | {fmt(r['mma_sorted_us'], 1)} | "
-                       f"{fmt(r.get('vllm_bf16_us'), 1)} | {fmt(r['floor_us'], 1)} | "
-                       f"{r['prefill_tiles_rel_vs_shim']:.4f}, {r['mma_sorted_rel_vs_shim']:.4f} |")
+                       f"{fmt(r.get('prefill_tiles_us'), 1)} | {fmt(r.get('mma_sorted_us'), 1)} | "
+                       f"{fmt(r.get('mma_c16_us'), 1)} | {fmt(r.get('mma_c32_us'), 1)} | "
+                       + "".join(f"{fmt(r.get(d + '_us'), 1)} | " for d in deq)
+                       + f"{fmt(r.get('vllm_bf16_us'), 1)} | {fmt(r['floor_us'], 1)} | {rel:.4f} |")
         out.append("")
     tr = [r for r in rows if "tile_m32_us" in r]
     if tr:
@@ -600,12 +623,13 @@ def markdown(rows, bw, device) -> str:
     mm = [r for r in rows if "mma_us" in r]
     if mm:
         out += ["## Dense linears: the register-MMA kernel (one launch) next to the tile kernels and vLLM", "",
-                "| layer [N, K] | type | T | tile µs | mma µs | vLLM GGUF µs | floor µs | mma % floor "
-                "| mma vs tile rel |",
-                "|---|---|---|---|---|---|---|---|---|"]
+                "| layer [N, K] | type | T | tile µs | mma µs | mma, 8-row programs µs | vLLM GGUF µs | floor µs "
+                "| mma % floor | mma vs tile rel |",
+                "|---|---|---|---|---|---|---|---|---|---|"]
         for r in mm:
             out.append(f"| {r['layer']} [{r['N']}, {r['K']}] | {r['type']} | {r['T']} | {fmt(r['tile_us'], 1)} | "
-                       f"{fmt(r['mma_us'], 1)} | {fmt(r.get('vllm_gguf_us'), 1)} | {fmt(r['floor_us'], 1)} | "
+                       f"{fmt(r['mma_us'], 1)} | {fmt(r.get('mma8_us'), 1)} | {fmt(r.get('vllm_gguf_us'), 1)} | "
+                       f"{fmt(r['floor_us'], 1)} | "
                        f"{fmt(r['mma_pct_floor'])} | {fmt(r['mma_rel_err_vs_tile'], 4)} |")
         out.append("")
     return "\n".join(out) + "\n"
@@ -623,6 +647,12 @@ def main():
     ap.add_argument("--sweep-types", default="Q4_K",
                     help="types whose launch parameters the sweep and mma_sweep parts time")
     ap.add_argument("--mma-sweep-tokens", default="1,32", help="MoE token counts of the mma_sweep part")
+    ap.add_argument("--vllm-gguf-max-tokens", type=int, default=1 << 30)
+    ap.add_argument("--dequant-tunings", default="[{}]",
+                    help="JSON list of tile shapes of the dequantizing MoE to time as arms dequant, dequant1, ...")
+    ap.add_argument("--prefill-sweep-tokens", default="1024", help="MoE token counts of the sweep part's prefill tiles")
+    ap.add_argument("--decode-sweep-tokens", default="1,32",
+                    help="MoE token counts of the sweep part's decode shapes ('' for none; then no dense sweep either)")
     ap.add_argument("--mma-sweep-grid", default=":".join(",".join(map(str, v)) for v in MMA_SWEEP_GRID),
                     help="mma_sweep's warps:row repeats:programs an SM, e.g. 4,8:1,2:2,4,8")
     args = ap.parse_args()
@@ -631,6 +661,8 @@ def main():
     types = args.types.split(",")
     tokens = [int(t) for t in args.tokens.split(",")]
     parts = args.parts.split(",")
+    DEQUANT_TUNINGS[:] = json.loads(args.dequant_tunings)
+    VLLM_GGUF_MAX_TOKENS[0] = args.vllm_gguf_max_tokens
     gen = torch.Generator(device="cuda").manual_seed(0)
     bw = copy_bandwidth()
     cap = torch.cuda.get_device_capability()
@@ -655,7 +687,10 @@ def main():
         if "profile" in parts:
             bench_moe_profile(args.sweep_types.split(","), [int(t) for t in args.tokens.split(",")], gen, rows)
         if "sweep" in parts:
-            bench_sweep(bw, gen, rows, args.sweep_types.split(","))
+            decode_tokens = [int(t) for t in args.decode_sweep_tokens.split(",") if t]
+            bench_sweep(bw, gen, rows, args.sweep_types.split(","),
+                        [int(t) for t in args.prefill_sweep_tokens.split(",")], decode_tokens,
+                        dense=bool(decode_tokens))
         if "mma_sweep" in parts:
             grid = tuple(tuple(int(v) for v in axis.split(",")) for axis in args.mma_sweep_grid.split(":"))
             bench_mma_sweep(bw, gen, rows, [t for t in args.sweep_types.split(",")
