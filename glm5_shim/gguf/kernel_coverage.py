@@ -37,8 +37,9 @@ MMA_DECODE_TYPES = (int(_T.Q4_K), int(_T.Q6_K), int(_T.Q5_K), int(_T.Q8_0), int(
 # tile kernel (q_a+kv_a 24.4 vs 26.3 µs, session 7), the K-quants' 10-40 % and IQ2_XXS's and IQ2_S's 2.3-4x faster
 # on the register-MMA kernels (IQ2_S lm_head 66 vs 255 µs, q_a+kv_a 19 vs 44; session 8).
 MMA_LINEAR_TYPES = (int(_T.Q4_K), int(_T.Q6_K), int(_T.Q5_K), int(_T.IQ2_XXS), int(_T.IQ2_S))
-# Up to how many rows a dense linear of those types stays on the register-MMA kernel (8 rows a program; more rows
-# re-read the weight, from L2 after the first); a type not listed stops at one program's rows (gguf_mma.TOKENS, 8).
+# Up to how many rows a dense linear of those types stays on the register-MMA kernel (measured below in 8-row
+# programs, each re-reading the weight from L2 after the first; since session 12 one program takes up to 32 rows,
+# gguf_mma.cols_for); a type not listed stops at 8 rows (gguf_mma.TOKENS).
 # H200, session 9, µs at 16 / 32 / 64 rows, register-MMA against the tile kernel, every GLM-5 TP-8 dense shape:
 #   IQ2_XXS  lm_head 108 / 205 / 388 vs 237 / 254 / 256, q_a+kv_a 21 / 34 / 65 vs 42 / 47 / 48, o_proj 16 / 28 / 46
 #            vs 36 / 39 / 41, shared down 4.2 / 6.0 / 7.8 vs 9.5 / 13.6 / 15.0 (both IQ types faster in all nine
@@ -64,9 +65,10 @@ MMA_LINEAR_MAX_ROWS = {int(_T.IQ2_XXS): 32, int(_T.IQ2_S): 32}
 # random routings; a skewed prefill routing reads a hot expert's weights once per block (not measured).
 MMA_MOE_MAX_ROWS_PER_EXPERT = {int(_T.Q4_K): 16, int(_T.Q5_K): 16, int(_T.Q6_K): 64, int(_T.Q8_0): 16,
                                int(_T.IQ2_XXS): 64, int(_T.IQ2_S): 64}
-# From how many routed rows an expert a MoE past its register-MMA limit dequantizes its experts to the activation
-# dtype a chunk at a time and multiplies 16-bit tiles (gguf_matmul._moe_dequantized: a weight decoded once a call)
-# instead of decoding weight tiles in every 64-row block (the prefill tiles).  H200, TP-8 shapes, session 12, µs,
+# From how many routed rows an expert a MoE not on the register-MMA kernels (past their limit above, or a type or
+# setting they do not take) dequantizes its experts to the activation dtype a chunk at a time and multiplies 16-bit
+# tiles (gguf_matmul._moe_dequantized: a weight decoded once a call) instead of decoding weight tiles in every 64-row
+# block (the prefill tiles).  H200, TP-8 shapes, session 12, µs,
 # prefill tiles / dequantized (best tile shape) at 128 and 256 rows an expert (T = 4096, 8192; vLLM on bf16 weights
 # 1256, 2088): Q4_K 2376 / 2534, 4315 / 3430;  Q5_K 2655 / 2582, 4736 / 3520;  Q6_K 7074 / 2653, 12518 / 3593;
 # Q8_0 3840 / 2606, 6780 / 3547;  IQ2_XXS 6144 / 2391, 10967 / 3335; at 64 rows Q8_0 2275 / 2355.  The dequantizing
@@ -75,9 +77,11 @@ MMA_MOE_MAX_ROWS_PER_EXPERT = {int(_T.Q4_K): 16, int(_T.Q5_K): 16, int(_T.Q6_K):
 # IQ4_XS/NL, Q4_0, Q5_0 1.0-1.6 ms at 8-32 rows; IQ1/IQ3/IQ2_XS 2.4-4.4 ms already at 8 rows) grow with each 64-row
 # block as the measured types' do, so they switch where every measured type's dequantized path had won: IQ1/IQ3/
 # IQ2_XS (tiles already slower than the IQ2_XXS dequantized path at 8 rows) from 64 rows, the rest from 128.
+# (Q6_K and IQ2 at 64 rows: 2377 and 2125 µs dequantized against 4288 and 3706 on the tiles, where the register-MMA
+# kernels, at 64 rows the faster, do not take them.)
 MOE_DEQUANT_DEFAULT_MIN_ROWS = 128
-MOE_DEQUANT_MIN_ROWS_PER_EXPERT = {int(_T.Q4_K): 192, int(_T.Q5_K): 128, int(_T.Q6_K): 65, int(_T.Q8_0): 128,
-                                   int(_T.IQ2_XXS): 65, int(_T.IQ2_S): 65, int(_T.IQ2_XS): 64, int(_T.IQ3_XXS): 64,
+MOE_DEQUANT_MIN_ROWS_PER_EXPERT = {int(_T.Q4_K): 192, int(_T.Q5_K): 128, int(_T.Q6_K): 64, int(_T.Q8_0): 128,
+                                   int(_T.IQ2_XXS): 64, int(_T.IQ2_S): 64, int(_T.IQ2_XS): 64, int(_T.IQ3_XXS): 64,
                                    int(_T.IQ3_S): 64, int(_T.IQ1_S): 64, int(_T.IQ1_M): 64}
 K_MULTIPLE = 256  # the kernels step through K in half super-blocks; GLM-5's input widths are all multiples of 256
 

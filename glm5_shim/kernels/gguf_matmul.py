@@ -751,6 +751,28 @@ def _dequant_kernel(w_ptr, grid_ptr, out_ptr, N, stride_wn, stride_on, QTYPE: tl
 
 
 @triton.jit
+def _moe_block(N, num_padded_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(row block, feature tile, whether the block is past the routed rows) of program_id(0) in a MoE tile grid
+    (row blocks x cdiv(N, BLOCK_N) feature tiles; blocks from num_padded on hold no rows)."""
+    num_n = tl.cdiv(N, BLOCK_N)
+    pid_m = tl.program_id(0) // num_n
+    return pid_m, tl.program_id(0) % num_n, pid_m * BLOCK_M >= tl.load(num_padded_ptr)
+
+
+@triton.jit
+def _moe_store(acc, acc_u, out_ptr, route_w_ptr, ids, ok, offs_n, N, stride_om, GATED: tl.constexpr,
+               ROUTE_WEIGHTED: tl.constexpr):
+    """A MoE tile's epilogue: SiLU(acc) * acc_u (GATED), times each row's routing weight (ROUTE_WEIGHTED), stored
+    to rows ids of out (valid rows, features < N)."""
+    if GATED:
+        acc = acc / (1.0 + tl.exp(-acc)) * acc_u
+    if ROUTE_WEIGHTED:
+        acc = acc * tl.load(route_w_ptr + ids, mask=ok, other=0.0).to(tl.float32)[:, None]
+    tl.store(out_ptr + ids[:, None] * stride_om + offs_n[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=ok[:, None] & (offs_n < N)[None, :])
+
+
+@triton.jit
 def _moe_kernel(x_ptr, w_ptr, grid_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
                 final_ptr, counter_ptr, N, num_steps, steps_per_split, num_valid, a_row_div, stride_xm, stride_we,
                 stride_wn, stride_os, stride_om, stride_fm, QTYPE: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -769,12 +791,10 @@ def _moe_kernel(x_ptr, w_ptr, grid_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, ex
     N / 2 on to finish (kernels/arrivals.py) writes SiLU of the planes' gate sum times their up sum to final.  Row r
     of the sorted layout reads activation row r // a_row_div (top_k for w13: every routed copy of a token reads the
     token) and writes output row r."""
-    pid = tl.program_id(0)
     pid_s = tl.program_id(1)
     num_n = tl.cdiv(N, BLOCK_N)
-    pid_m = pid // num_n
-    pid_n = pid % num_n
-    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+    pid_m, pid_n, past_rows = _moe_block(N, num_padded_ptr, BLOCK_M, BLOCK_N)
+    if past_rows:
         return
     ids = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
     ok = ids < num_valid
@@ -813,12 +833,8 @@ def _moe_kernel(x_ptr, w_ptr, grid_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, ex
                                input_precision=DOT_PRECISION)
             raw_g = nxt_g
             raw_u = nxt_u
-    if GATED:
-        acc = acc / (1.0 + tl.exp(-acc)) * acc_u
-    if ROUTE_WEIGHTED:
-        acc = acc * tl.load(route_w_ptr + ids, mask=ok, other=0.0).to(tl.float32)[:, None]
-    op = out_ptr + pid_s * stride_os + ids[:, None] * stride_om + offs_n[None, :]
-    tl.store(op, acc.to(out_ptr.dtype.element_ty), mask=ok[:, None] & (offs_n < N)[None, :])
+    _moe_store(acc, acc_u, out_ptr + pid_s * stride_os, route_w_ptr, ids, ok, offs_n, N, stride_om, GATED,
+               ROUTE_WEIGHTED)
     if REDUCE:   # the planes are written: count this program in; the last of the gate/up tile pair gates the sums
         half_n = num_n // 2
         tile = pid_m * half_n + pid_n % half_n
@@ -845,11 +861,8 @@ def _moe_dense_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert
     experts expert_base .. expert_base + num_experts_here - 1; blocks of other experts return at once).  Same
     routing layout and outputs as :func:`_moe_kernel`: GATED stores SiLU(gate) * up of rows n and N + n, otherwise
     the product (times the routing weight when ROUTE_WEIGHTED).  K is a multiple of BLOCK_K."""
-    pid = tl.program_id(0)
-    num_n = tl.cdiv(N, BLOCK_N)
-    pid_m = pid // num_n
-    pid_n = pid % num_n
-    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+    pid_m, pid_n, past_rows = _moe_block(N, num_padded_ptr, BLOCK_M, BLOCK_N)
+    if past_rows:
         return
     expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64) - expert_base
     if (expert < 0) | (expert >= num_experts_here):
@@ -869,12 +882,7 @@ def _moe_dense_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert
         acc = tl.dot(a, tl.trans(tl.load(wp + k0)), acc, input_precision=DOT_PRECISION)
         if GATED:
             acc_u = tl.dot(a, tl.trans(tl.load(wp + N * stride_wn + k0)), acc_u, input_precision=DOT_PRECISION)
-    if GATED:
-        acc = acc / (1.0 + tl.exp(-acc)) * acc_u
-    if ROUTE_WEIGHTED:
-        acc = acc * tl.load(route_w_ptr + ids, mask=ok, other=0.0).to(tl.float32)[:, None]
-    tl.store(out_ptr + ids[:, None] * stride_om + offs_n[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=ok[:, None] & (offs_n < N)[None, :])
+    _moe_store(acc, acc_u, out_ptr, route_w_ptr, ids, ok, offs_n, N, stride_om, GATED, ROUTE_WEIGHTED)
 
 
 @triton.jit
@@ -1127,8 +1135,8 @@ def moe_plan(num_tokens: int, top_k: int, num_experts: int, tuning: dict | None 
     blocks waste the MMAs, so rows come in larger blocks and gate/up are fused with SiLU in one tile.  ``decode``
     forces the regime (the bench's A/B of the two above the threshold); ``dequant`` takes the prefill regime with
     the experts dequantized (:func:`_moe_dequantized`)."""
-    if dequant:
-        return {"dequant": True, "fused_gate": True, "dequant_tuning": dict(tuning or {})}
+    if dequant:   # tuning: MOE_DEQUANT_TUNING's keys; a plan may add "chunk_bytes" (MOE_DEQUANT_CHUNK_BYTES)
+        return {"dequant": True, "dequant_tuning": dict(tuning or {})}
     rows_per_expert = num_tokens * top_k / num_experts
     if decode if decode is not None else rows_per_expert <= MOE_DECODE_MAX_ROWS_PER_EXPERT:
         t = {**DECODE_TUNING, "BLOCK_M": 16, "BLOCK_N_W2": DECODE_TUNING["BLOCK_N"], "fused_gate": False,
@@ -1140,9 +1148,9 @@ def moe_plan(num_tokens: int, top_k: int, num_experts: int, tuning: dict | None 
 
 
 # Prefill-sized MoEs (many rows an expert): each pass dequantizes its experts to the activation dtype, a chunk of
-# experts at a time (at most MOE_DEQUANT_CHUNK_BYTES of scratch), and multiplies them in 16-bit tiles
-# (_moe_dense_kernel), so a weight is decoded once a call however many row blocks its expert has.  From how many
-# routed rows an expert: kernel_coverage.MOE_DEQUANT_MIN_ROWS_PER_EXPERT.
+# experts at a time (at most MOE_DEQUANT_CHUNK_BYTES of scratch, or one expert's weights if they are larger), and
+# multiplies them in 16-bit tiles (_moe_dense_kernel), so a weight is decoded once a call however many row blocks
+# its expert has.  From how many routed rows an expert: kernel_coverage.MOE_DEQUANT_MIN_ROWS_PER_EXPERT.
 # Tile shape: H200, TP 8, session 12, µs at T = 8192 with 64x64 / 128x64 (8 warps) / 128x128 (8 warps, 3 stages; 96
 # KiB of shared memory on sm_120) / the same in 2 stages: Q4_K 3802 / 3591 / 3430 / 4215, Q6_K 3951 / 3747 / 3593 /
 # 4389, IQ2_XXS 3688 / 3500 / 3335 / 4130 (and the same order at 4096)
@@ -1161,6 +1169,7 @@ def _moe_dequantized(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan: 
     sorted_ids, expert_ids, num_padded = align(topk_ids, tun["BLOCK_M"], e)
     per_expert = max(two_i * h, h * inter)
     chunk = max(1, min(e, plan.get("chunk_bytes", MOE_DEQUANT_CHUNK_BYTES) // (per_expert * x.element_size())))
+    chunk = -(-e // -(-e // chunk))   # as many chunks, evenly filled (256 experts: 4 x 64, not 85, 85, 85, 1)
     scratch = torch.empty(chunk * per_expert, dtype=x.dtype, device=x.device)
     act = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
     down = torch.empty(pairs, h, dtype=x.dtype, device=x.device)  # rounded once before the top-k sum
@@ -1202,7 +1211,8 @@ def gguf_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights:
     x = x if x.stride(-1) == 1 else x.contiguous()
     if plan is None:   # the register-MMA regime where it covers both passes, else dequantized or prefill tiles
         mma = _mma_regime(t * top_k / e, x.dtype, w13, w2, qtype13, qtype2, h, inter)
-        plan = moe_plan(t, top_k, e, decode=mma, dequant=not mma and _dequant_regime(t * top_k / e, qtype13, qtype2))
+        plan = moe_plan(t, top_k, e, decode=mma,
+                        dequant=not mma and _dequant_regime(t * top_k / e, x.dtype, qtype13, qtype2))
     if plan.get("dequant"):
         return _moe_dequantized(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan, align or moe_align, out)
     if not plan["fused_gate"]:
@@ -1219,11 +1229,13 @@ def gguf_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights:
     return torch.sum(down.view(t, top_k, h), dim=1, out=out)
 
 
-def _dequant_regime(rows_per_expert: float, qtype13: int, qtype2: int) -> bool:
+def _dequant_regime(rows_per_expert: float, dtype: torch.dtype, qtype13: int, qtype2: int) -> bool:
     """True where a MoE this size dequantizes its experts (kernel_coverage.MOE_DEQUANT_MIN_ROWS_PER_EXPERT: the
-    larger of its two types' thresholds)."""
-    return rows_per_expert >= max(MOE_DEQUANT_MIN_ROWS_PER_EXPERT.get(int(q), MOE_DEQUANT_DEFAULT_MIN_ROWS)
-                                  for q in (qtype13, qtype2))
+    larger of its two types' thresholds); 16-bit activations only (MOE_DEQUANT_TUNING's tiles are sized for them:
+    in float32 they would not fit sm_120's shared memory)."""
+    threshold = max(MOE_DEQUANT_MIN_ROWS_PER_EXPERT.get(int(q), MOE_DEQUANT_DEFAULT_MIN_ROWS)
+                    for q in (qtype13, qtype2))
+    return dtype in (torch.float16, torch.bfloat16) and rows_per_expert >= threshold
 
 
 def _mma_regime(rows_per_expert: float, dtype, w13, w2, qtype13: int, qtype2: int, h: int, inter: int
@@ -1265,8 +1277,8 @@ def _moe_decode(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan: dict,
     * w2 times the routing weights, then the top-k sum.
     Up to MOE_DIRECT_MAX_TOKENS tokens (or plan["direct"]) the register-MMA passes skip the routing layout: w13
     takes one routed pair a block and w2 one token a block, summing its top-k slots itself (the call is then two
-    launches).  Otherwise routed rows come in moe_align's blocks: of 8 for the register-MMA kernel, of
-    plan["BLOCK_M"] for the tile kernel."""
+    launches).  Otherwise routed rows come in moe_align's blocks: of 8, 16 or 32 for the register-MMA kernel
+    (gguf_mma.cols_for, or plan["mma_cols"]), of plan["BLOCK_M"] for the tile kernel."""
     t, h = x.shape
     e, two_i, _ = w13.shape
     inter = two_i // 2
@@ -1292,7 +1304,9 @@ def _moe_decode(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan: dict,
     ids_flat = topk_ids.reshape(-1)
     ids_flat = ids_flat if ids_flat.dtype == torch.int32 else ids_flat.to(torch.int32)
     route_w = topk_weights.reshape(-1)
-    # blocks that hold rows: one a routed pair (direct), or at most one partly filled block per pair or expert
+    # blocks that hold rows: one a routed pair (direct), or at most one partly filled block per pair or expert (the
+    # count the wide blocks' measurements were taken with; with 16/32-row blocks an expert past 32 rows has more, so
+    # K is split more than that fills the GPU: not measured against the exact count)
     busy = pairs if direct else min(pairs, e)
     act = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
     if mma13:

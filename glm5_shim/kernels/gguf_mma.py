@@ -4,8 +4,8 @@ Q8_0, IQ2_XXS).
 Why: the tile kernels of :mod:`gguf_matmul` decode a weight tile in one register layout and ``tl.dot`` wants it in
 another, so every decoded weight went through shared memory and a barrier, and each weight cost ~8 SASS
 instructions: decode ran at 12-30 % of the memory floor (bench/RESULTS.md).  Here the weight is the MMA's A operand
-(rows = output features, 16 a warp and instruction; the N side is 8 routed tokens, mma.m16n8k16), and each thread
-loads exactly the bytes its A fragments need:
+(rows = output features, 16 a warp and instruction; the N side is 8 routed tokens, mma.m16n8k16 — or 16 / 32 tokens,
+2 / 4 instructions on the same weight fragment: COLS), and each thread loads exactly the bytes its A fragments need:
 
 * a thread holds, for rows r and r + 8 of its warp's 16, 16 contiguous code bytes p = 16 slot .. 16 slot + 15 of
   the 64 code bytes of a half super-block (128 values): Q4_K one 16-byte load a row, Q6_K (2-byte aligned blocks)
@@ -71,7 +71,7 @@ SB_VALUES = gl.constexpr(256)      # values of a K-quant super-block
 
 # Dimension orders of the two permutations (see the module docstring).  A: codes [rows, 4, 4, 4] viewed as bits
 # (row, p5, p4, p3, p2, p1, p0) of the byte p, reordered so that dimension j + 1 is bit 5 - j of the dot's k:
-# k = (p3 p2 p1 p5 p4 p0).  X: activations [8, 128] viewed as (token, v6, ..., v0) of the value v, reordered to
+# k = (p3 p2 p1 p5 p4 p0).  X: activations [COLS, 128] viewed as (token, v6, ..., v0) of the value v, reordered to
 # (k bits 5..0, token, nibble) with the same k: Q4_K v = 64 p5 + 32 nibble + (p & 31), Q6_K v = 64 nibble + p.
 A_ORDER = gl.constexpr((0, 3, 4, 5, 1, 2, 6))
 X_ORDER_Q4K = gl.constexpr((4, 5, 6, 1, 3, 7, 0, 2))
@@ -80,7 +80,7 @@ X_ORDER_Q6K = gl.constexpr((4, 5, 6, 2, 3, 7, 0, 1))
 # 32 s + q (grid rows 0-1 of the sub-block: "low nibble") and 32 s + 16 + q (rows 2-3: "high")
 X_ORDER_IQ = gl.constexpr((4, 5, 6, 1, 2, 7, 0, 3))
 
-# How a MoE pass's 8 columns are routed (see _mma_kernel), and what a program does with its sums
+# How a MoE pass's COLS columns are routed (see _mma_kernel), and what a program does with its sums
 SORTED = gl.constexpr(0)       # a block of moe_align's sorted ids, one expert
 PAIRS = gl.constexpr(1)        # one routed (token, slot) pair: no align launch
 TOKEN_SUM = gl.constexpr(2)    # one token, over all its top-k slots: the top-k sum inside the w2 pass
@@ -480,7 +480,7 @@ def _half_dot(acc, w_lo, w_hi, xt, QTYPE: tl.constexpr, BN: tl.constexpr, ACC: t
 def _load_half(QTYPE: tl.constexpr, rowp, slot, word, act_p, x_ok, sb, HF: tl.constexpr, BN: tl.constexpr,
                L4: tl.constexpr):
     """The loads of half HF of super-block sb: (code words or low-nibble words [BN, 4, 4], then Q4_K/Q5_K header
-    words and Q5_K high-bit words, or Q6_K high-bit words and scales, then activations [8, 128]).  rowp: [BN, 1]
+    words and Q5_K high-bit words, or Q6_K high-bit words and scales, then activations [COLS, 128]).  rowp: [BN, 1]
     byte pointers to the weight rows."""
     xt = gl.load(act_p + sb * 256 + 128 * HF, mask=x_ok, other=0.0)
     if QTYPE == 12 or QTYPE == 13:
@@ -655,7 +655,7 @@ def _mma_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_p
     word = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, LWORD)))
     rows_off = gl.minimum(pid_n * BN + r1, N - 1).to(gl.int64) * stride_wn  # clamped: every weight load in bounds
     rowp = gl.expand_dims(w_base + rows_off, 1)
-    # activation rows [8, 128]: the columns' ids, which are valid, the x row each reads
+    # activation rows [COLS, 128]: the columns' ids, which are valid, the x row each reads
     tok_x = gl.arange(0, COLS, layout=gl.SliceLayout(1, LX))
     val_x = gl.arange(0, 128, layout=gl.SliceLayout(0, LX))
     if MOE and ROUTING == SORTED:

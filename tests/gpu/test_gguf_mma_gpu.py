@@ -74,7 +74,7 @@ def test_moe_decode(types, dtype):
         ids = ids.to(torch.int32)
         wts = torch.rand(t, top_k, generator=g)
         wts = wts / wts.sum(1, keepdim=True)
-        plan = {**gm.moe_plan(t, top_k, e), "mma": True, "fused_gate": False}
+        plan = {**gm.moe_plan(t, top_k, e), "mma": True, "fused_gate": False, "mma_cols": 8}   # wide: below
         got = gm.gguf_moe(x.cuda(), d13, d2, wts.cuda(), ids.cuda(), q13, q2, plan=plan)
         want = ref.moe_reference(x, w13, w2, wts, ids, q13, q2)
         err = ((got.double().cpu() - want).norm() / want.norm()).item()

@@ -151,32 +151,33 @@ def test_moe_dequantized_chunks(q13, q2):
 
 
 def test_moe_regimes_follow_the_measured_thresholds(monkeypatch):
-    """Which path a 16-bit MoE takes by its mean rows an expert (kernel_coverage's session-12 tables): Q6_K on the
-    register-MMA kernel to 64 rows (32-row blocks there), dequantized past it; Q4_K on the register MMA to 16 rows
-    (16-row blocks at 8), the prefill tiles to 191, dequantized from 192; a type without a register-MMA kernel
-    (Q2_K) on the tiles below 128 rows."""
+    """Which path a MoE takes by its mean rows an expert (kernel_coverage's session-12 tables), and the register-MMA
+    block it launches (cols_for twice the mean): Q6_K on the register-MMA kernel to 64 rows, dequantized past it;
+    Q4_K on the register MMA to 16 rows, the prefill tiles to 191, dequantized from 192; Q2_K (no register-MMA
+    kernel) on the tiles below 128 rows; float32 activations never dequantized (its tiles are sized for 16 bits)."""
     from glm5_shim.kernels import gguf_mma
 
     taken = []
     monkeypatch.setattr(gm, "_moe_dequantized", lambda *a, **kw: taken.append("dequant") or a[-1])
-    monkeypatch.setattr(gm, "_moe_decode", lambda *a, **kw: taken.append("mma") or a[-1])
+    monkeypatch.setattr(gguf_mma, "launch", lambda *a, **kw: taken.append(f"mma x{kw['cols']}"))
     monkeypatch.setattr(gm, "_tile_pass", lambda *a, **kw: taken.append("tiles"))
     monkeypatch.setattr(gm, "mma_decode", lambda qtype, *a, **kw: int(qtype) in gguf_mma.KERNEL_TYPES)
     e, top_k, h, inter = 256, 8, 256, 256
-    for name, rows, want in (("Q6_K", 8, "mma"), ("Q6_K", 64, "mma"), ("Q6_K", 96, "dequant"),
-                             ("Q4_K", 16, "mma"), ("Q4_K", 32, "tiles"), ("Q4_K", 128, "tiles"),
-                             ("Q4_K", 256, "dequant"), ("Q2_K", 64, "tiles"), ("Q2_K", 128, "dequant")):
+    for name, rows, dtype, want in (("Q6_K", 8, torch.float16, "mma x16"), ("Q6_K", 16, torch.float16, "mma x32"),
+                                    ("Q6_K", 64, torch.float16, "mma x32"), ("Q6_K", 96, torch.float16, "dequant"),
+                                    ("Q4_K", 16, torch.float16, "mma x32"), ("Q4_K", 32, torch.float16, "tiles"),
+                                    ("Q4_K", 128, torch.float16, "tiles"), ("Q4_K", 256, torch.float16, "dequant"),
+                                    ("Q2_K", 64, torch.float16, "tiles"), ("Q2_K", 128, torch.float16, "dequant"),
+                                    ("Q2_K", 128, torch.float32, "tiles")):
         qt = TYPES[name]
         t = rows * e // top_k
-        x = torch.zeros(t, h, dtype=torch.float16)
+        x = torch.zeros(t, h, dtype=dtype)
         w13 = torch.zeros(e, 2 * inter, gm.row_bytes(qt, h), dtype=torch.uint8)
         w2 = torch.zeros(e, h, gm.row_bytes(qt, inter), dtype=torch.uint8)
         ids = torch.zeros(t, top_k, dtype=torch.int32)
         taken.clear()
         gm.gguf_moe(x, w13, w2, torch.zeros(t, top_k), ids, qt, qt, align=lambda *a: (None, torch.zeros(1), None))
-        assert taken and taken[0] == want, (name, rows, taken)
-    # the register-MMA blocks a sorted MoE uses: for twice the mean rows an expert
-    assert [gguf_mma.cols_for(2 * r) for r in (2, 4, 8, 16, 64)] == [8, 8, 16, 32, 32]
+        assert taken and taken[0] == want, (name, rows, dtype, taken)
 
 
 def test_moe_align_groups_every_routed_row_once_in_blocks_of_its_expert():
