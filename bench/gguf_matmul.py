@@ -173,6 +173,15 @@ def call_inputs(t: int, gen: torch.Generator, expert_bytes: int, bw: float):
 
 VLLM_GGUF_MAX_TOKENS = [1 << 30]   # --vllm-gguf-max-tokens: MoE calls past it skip vLLM's GGUF kernels (slow there)
 DEQUANT_TUNINGS = [{}]   # the dequantizing MoE's tile shapes timed (--dequant-tunings), {} = MOE_DEQUANT_TUNING
+PREFILL_TUNINGS: list[dict] = []   # more prefill-tile shapes timed as arms prefill_tiles1, ... (--prefill-tunings)
+
+
+def dequant_plan(t: int, tuning: dict) -> dict:
+    """A dequantizing MoE plan: ``tuning``'s tile keys (MOE_DEQUANT_TUNING), its "dequantize" dict the
+    dequantization kernel's (DEQUANT_TUNING)."""
+    tun = dict(tuning)
+    dq = tun.pop("dequantize", None)
+    return {**gm.moe_plan(t, TOP_K, EXPERTS, tuning=tun, dequant=True), "dequantize_tuning": dq}
 
 
 def bench_moe(tp: int, type_names, tokens, bw, peak, gen, vg, bf16_moe, rows):
@@ -226,8 +235,10 @@ def bench_moe(tp: int, type_names, tokens, bw, peak, gen, vg, bf16_moe, rows):
                     arms.update(mma_sorted={**forced, "mma_cols": 8}, mma_c16={**forced, "mma_cols": 16},
                                 mma_c32={**forced, "mma_cols": 32})
             if t * TOP_K / EXPERTS >= 8:   # the experts dequantized a chunk at a time, 16-bit tiles (each tuning)
-                arms.update({f"dequant{i or ''}": gm.moe_plan(t, TOP_K, EXPERTS, tuning=tun, dequant=True)
-                             for i, tun in enumerate(DEQUANT_TUNINGS)})
+                arms.update({f"dequant{i or ''}": dequant_plan(t, tun) for i, tun in enumerate(DEQUANT_TUNINGS)})
+                # the prefill tiles in other shapes (larger row blocks decode an expert's weights fewer times)
+                arms.update({f"prefill_tiles{i + 1}": {**gm.moe_plan(t, TOP_K, EXPERTS, tuning=tun), "mma": False}
+                             for i, tun in enumerate(PREFILL_TUNINGS)})
             for arm, aplan in arms.items():   # each arm a whole plan
                 mine = gm.gguf_moe(x, w13, w2, wts[0], ids[0], qt, qt, align=ALIGN, plan=aplan)
                 row[f"{arm}_rel_vs_shim"] = ((mine.float() - ours.float()).norm() / ours.float().norm()).item()
@@ -316,6 +327,37 @@ def bench_dense(type_names, tokens, bw, peak, gen, vg, rows, tile_rows=False):
                 print(json.dumps(row), flush=True)
                 rows.append(row)
             ws = wbf = None
+            torch.cuda.empty_cache()
+
+
+DEQUANT_SWEEP = ({}, {"steps": 1}, {"steps": 16}, {"BLOCK_N": 64}, {"BLOCK_N": 64, "steps": 16},
+                 {"BLOCK_N": 16, "steps": 8}, {"num_warps": 8, "BLOCK_N": 64})
+
+
+def bench_dequant(types, gen, rows, bw):
+    """gguf_dequantize on a prefill MoE chunk's experts (64 of the TP-8 w13 and w2: what _moe_dequantized
+    dequantizes per chunk) in each DEQUANT_SWEEP shape ({} = DEQUANT_TUNING): µs and % of the floor (the GGUF bytes
+    read plus the bf16 bytes written, at the copy bandwidth)."""
+    for name in types:
+        qt = TYPES[name]
+        for what, n, k in (("w13 x64", 64 * 2 * EXPERT_WIDTH // 8, HIDDEN), ("w2 x64", 64 * HIDDEN, EXPERT_WIDTH // 8)):
+            ws = [random_blocks_cuda(qt, (n,), k, gen) for _ in range(2)]
+            out = torch.empty(n, k, dtype=torch.bfloat16, device="cuda")
+            floor = (ws[0].numel() + out.numel() * 2) / bw * 1e6
+            want = gm.gguf_dequantize(ws[0], qt, k, torch.bfloat16, tuning={"steps": 1}).clone()
+            for tun in DEQUANT_SWEEP:
+                try:
+                    us = graph_us([lambda w=w, t=tun: gm.gguf_dequantize(w, qt, k, torch.bfloat16, out=out, tuning=t)
+                                   for w in ws] * 2)
+                    gm.gguf_dequantize(ws[0], qt, k, torch.bfloat16, out=out, tuning=tun)
+                    same = bool(torch.equal(out, want))
+                except Exception as e:  # noqa: BLE001
+                    us, same = None, f"{type(e).__name__}: {str(e)[:200]}"
+                row = dict(kind="dequant", type=name, what=what, N=n, K=k, tuning=tun, us=us, floor_us=floor,
+                           pct_floor=100 * floor / us if us else None, equal_to_one_step=same)
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+            ws = out = want = None
             torch.cuda.empty_cache()
 
 
@@ -590,13 +632,25 @@ def markdown(rows, bw, device) -> str:
                        f"{fmt(r.get('mma_sorted_us'), 1)} | {fmt(r['floor_us'], 1)} | {fmt(r['shim_pct_floor'])} | "
                        f"{rel:.4f} |")
         out.append("")
+    dq = [r for r in rows if r["kind"] == "dequant"]
+    if dq:
+        out += ["## Dequantization to bf16 (gguf_dequantize; floor = GGUF bytes read + bf16 bytes written)", "",
+                "| type | weight [N, K] | tuning | µs | floor µs | % floor | equal to 1-step programs |",
+                "|---|---|---|---|---|---|---|"]
+        for r in dq:
+            out.append(f"| {r['type']} | {r['what']} [{r['N']}, {r['K']}] | {r['tuning'] or 'default'} | "
+                       f"{fmt(r['us'], 1)} | {fmt(r['floor_us'], 1)} | {fmt(r['pct_floor'])} | "
+                       f"{r['equal_to_one_step']} |")
+        out.append("")
     pa = [r for r in rows if r["kind"] == "moe" and ("prefill_tiles_us" in r or "dequant_us" in r)]
     if pa:
         deq = sorted({k[:-3] for r in pa for k in r if k.startswith("dequant") and k.endswith("_us")})
+        deq += sorted({k[:-3] for r in pa for k in r if k.startswith("prefill_tiles") and k[13:-3].isdigit()})
+        named = [f"{d}: {DEQUANT_TUNINGS[int(d[7:] or 0)] or 'default'}" for d in deq if d.startswith("dequant")]
+        named += [f"{d}: {PREFILL_TUNINGS[int(d[13:]) - 1]}" for d in deq if d.startswith("prefill_tiles")]
         out += ["## MoE above the common decode threshold (µs): the plans' choice (shim), the prefill tiles, the "
                 "decode regime on the register-MMA kernel (blocks of 8, 16, 32 rows), the experts dequantized a chunk "
-                "at a time (" + ", ".join(f"{d}: {DEQUANT_TUNINGS[int(d[7:] or 0)] or 'default'}" for d in deq)
-                + "), and vLLM on bf16 weights", "",
+                "at a time and other prefill-tile shapes (" + ", ".join(named) + "), and vLLM on bf16 weights", "",
                 "| TP | type | T | **shim** | prefill tiles | register-MMA, 8 rows | 16 rows | 32 rows | "
                 + "".join(f"{d} | " for d in deq) + "vLLM bf16 | floor | max rel vs shim |",
                 "|---|---|---|---|---|---|---|---|" + "---|" * len(deq) + "---|---|---|"]
@@ -650,6 +704,8 @@ def main():
     ap.add_argument("--vllm-gguf-max-tokens", type=int, default=1 << 30)
     ap.add_argument("--dequant-tunings", default="[{}]",
                     help="JSON list of tile shapes of the dequantizing MoE to time as arms dequant, dequant1, ...")
+    ap.add_argument("--prefill-tunings", default="[]",
+                    help="JSON list of prefill-tile shapes (PREFILL_TUNING's keys) to time as arms prefill_tiles1, ...")
     ap.add_argument("--prefill-sweep-tokens", default="1024", help="MoE token counts of the sweep part's prefill tiles")
     ap.add_argument("--decode-sweep-tokens", default="1,32",
                     help="MoE token counts of the sweep part's decode shapes ('' for none; then no dense sweep either)")
@@ -662,6 +718,7 @@ def main():
     tokens = [int(t) for t in args.tokens.split(",")]
     parts = args.parts.split(",")
     DEQUANT_TUNINGS[:] = json.loads(args.dequant_tunings)
+    PREFILL_TUNINGS[:] = json.loads(args.prefill_tunings)
     VLLM_GGUF_MAX_TOKENS[0] = args.vllm_gguf_max_tokens
     gen = torch.Generator(device="cuda").manual_seed(0)
     bw = copy_bandwidth()
@@ -681,6 +738,8 @@ def main():
         if "dense" in parts:
             bench_dense(types, [int(t) for t in args.dense_tokens.split(",")], bw, peak, gen, vg, rows,
                         tile_rows=args.tile_rows)
+        if "dequant" in parts:
+            bench_dequant(types, gen, rows, bw)
         if "probe" in parts:
             bench_probe([t for t in args.sweep_types.split(",") if t == "Q4_K"],
                         [int(t) for t in args.tokens.split(",")], bw, gen, rows)

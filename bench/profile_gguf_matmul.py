@@ -41,7 +41,8 @@ def main():
     for i, w in zip(ids, wts):
         gm.gguf_moe(x, w13, w2, w, i, qt, qt)
     torch.cuda.synchronize()
-    print("done", a, gm.moe_plan(a.tokens, bench.TOP_K, bench.EXPERTS))
+    plan = gm.chosen_moe_plan(a.tokens, bench.TOP_K, x.dtype, w13, w2, qt, qt)
+    print("done", a, gm.moe_regime(plan), plan)
 
 
 if __name__ == "__main__":

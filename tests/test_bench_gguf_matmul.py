@@ -30,3 +30,24 @@ def test_the_sweep_table_sorts_each_shape_by_time_and_shows_its_difference_from_
     assert lines[0].endswith("| 15.0 | 33 | 2.5e-04 |") and "'ctas_per_sm': 8" in lines[0]
     assert lines[1].endswith("| 23.0 | 22 | 0.0e+00 |")
     assert lines[2].endswith("| — | — | — |")   # failed to compile or launch: no time, no comparison
+
+
+def test_the_prefill_table_names_each_dequantizing_and_prefill_tile_arm_and_its_shape(monkeypatch):
+    monkeypatch.setattr(gm_bench, "DEQUANT_TUNINGS", [{}, {"dequantize": {"steps": 16}}])
+    monkeypatch.setattr(gm_bench, "PREFILL_TUNINGS", [{"BLOCK_M": 128, "num_warps": 8}])
+    row = dict(kind="moe", tp=8, type="Q4_K", T=8192, floor_us=155.0, tc_floor_us=600.0, shim_us=3430.0,
+               shim_pct_floor=4.5, prefill_tiles_us=4315.0,
+               dequant_us=3430.0, dequant1_us=2600.0, prefill_tiles1_us=3000.0, vllm_bf16_us=2100.0,
+               dequant_rel_vs_shim=0.0, dequant1_rel_vs_shim=0.0, prefill_tiles_rel_vs_shim=0.002,
+               prefill_tiles1_rel_vs_shim=0.003)
+    text = gm_bench.markdown([row], 4.26e12, "H200")
+    assert "dequant: default, dequant1: {'dequantize': {'steps': 16}}, prefill_tiles1: {'BLOCK_M': 128" in text
+    want = "| 8 | Q4_K | 8192 | **3430.0** | 4315.0 | — | — | — | 3430.0 | 2600.0 | 3000.0 | 2100.0 | 155.0 | 0.0030 |"
+    assert want in text
+
+
+def test_a_dequantizing_arm_passes_its_dequantize_shape_to_the_plan_and_the_rest_to_the_tiles():
+    plan = gm_bench.dequant_plan(8192, {"BLOCK_M": 64, "dequantize": {"steps": 16, "BLOCK_N": 64}})
+    assert plan["dequant"] and plan["dequant_tuning"] == {"BLOCK_M": 64}
+    assert plan["dequantize_tuning"] == {"steps": 16, "BLOCK_N": 64}
+    assert gm_bench.dequant_plan(8192, {})["dequantize_tuning"] is None

@@ -724,30 +724,38 @@ def _linear_kernel(x_ptr, w_ptr, grid_ptr, out_ptr, final_ptr, counter_ptr, M, N
 
 
 @triton.jit
-def _dequant_kernel(w_ptr, grid_ptr, out_ptr, N, stride_wn, stride_on, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
-    """out[n, 128 i : 128 i + 128] = the weights of step i of row n, in out's dtype (grid: row blocks x steps)."""
+def _dequant_kernel(w_ptr, grid_ptr, out_ptr, N, stride_wn, stride_on, num_steps, steps_per_program,
+                    QTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """out[n, 128 i : 128 i + 128] = the weights of step i of row n, in out's dtype (grid: row blocks x runs of
+    steps_per_program steps; a run's next step loads while this one decodes and stores)."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    i = tl.program_id(1)
+    first = tl.program_id(1) * steps_per_program
+    last = tl.minimum(first + steps_per_program, num_steps)
     rows = tl.minimum(offs_n, N - 1).to(tl.int64)
     wp = w_ptr + rows * stride_wn
     ok = (offs_n < N)[:, None]
-    if QTYPE == 12 or QTYPE == 13:  # the matmuls' own decode, one 32-value group at a time
+    orow = out_ptr + rows[:, None] * stride_on
+    if QTYPE == 12 or QTYPE == 13:  # the matmuls' own decode, one 32-value group at a time (Triton pipelines)
         F32: tl.constexpr = out_ptr.dtype.element_ty == tl.float32
-        sbp, hf, s4, c4 = _q45_header(wp, i, QTYPE, F32)
-        for cc in tl.static_range(2):
-            lo, hi = _q45_codes(sbp, hf, cc, QTYPE, out_ptr.dtype.element_ty == tl.bfloat16)
-            for h in tl.static_range(2):
-                if h == 0:
-                    q = lo
-                else:
-                    q = hi
-                w = _q45_weights(q, _pick(s4, cc, h), _pick(c4, cc, h), F32)
-                op = out_ptr + rows[:, None] * stride_on + i * 128 + 32 * (2 * cc + h) + tl.arange(0, 32)[None, :]
-                tl.store(op, w.to(out_ptr.dtype.element_ty), mask=ok)
+        for i in range(first, last):
+            sbp, hf, s4, c4 = _q45_header(wp, i, QTYPE, F32)
+            for cc in tl.static_range(2):
+                lo, hi = _q45_codes(sbp, hf, cc, QTYPE, out_ptr.dtype.element_ty == tl.bfloat16)
+                for h in tl.static_range(2):
+                    if h == 0:
+                        q = lo
+                    else:
+                        q = hi
+                    w = _q45_weights(q, _pick(s4, cc, h), _pick(c4, cc, h), F32)
+                    op = orow + i * 128 + 32 * (2 * cc + h) + tl.arange(0, 32)[None, :]
+                    tl.store(op, w.to(out_ptr.dtype.element_ty), mask=ok)
     else:
-        w = _weight_tile(wp, i, grid_ptr, QTYPE, BLOCK_N)
-        op = out_ptr + rows[:, None] * stride_on + i * 128 + tl.arange(0, 128)[None, :]
-        tl.store(op, w.to(out_ptr.dtype.element_ty), mask=ok)
+        raw = _load_step(wp, first, QTYPE)
+        for i in range(first, last):
+            nxt = _load_step(wp, tl.minimum(i + 1, last - 1), QTYPE)   # in flight while step i decodes
+            w = _decode_step(raw, i, grid_ptr, QTYPE, BLOCK_N)
+            tl.store(orow + i * 128 + tl.arange(0, 128)[None, :], w.to(out_ptr.dtype.element_ty), mask=ok)
+            raw = nxt
 
 
 @triton.jit
@@ -1021,16 +1029,26 @@ def linear_plan(m: int, n: int, k: int, num_sms: int, tuning: dict | None = None
                 self_reduce=t.get("self_reduce", t["BLOCK_M"] <= SELF_REDUCING_MAX_BLOCK_M))
 
 
+# Dequantization to 16 bits (dense prefill linears, prefill MoEs): rows a program, 128-value steps a program.
+# H200, session 13, 64 TP-8 experts' w13 / w2 to bf16, % of the floor (GGUF bytes read + bf16 written): 4 steps
+# 69 / 80 (Q4_K), 74 / 71 (Q6_K), 73 / 77 (IQ2_XXS), 70 / 74 (Q8_0); one step 65 / 69, 68 / 58, 62 / 70, 72 / 73;
+# 16 steps, 64 rows, 8 warps no better (bench/results/2026-12-04-s13-dequant.md)
+DEQUANT_TUNING = dict(BLOCK_N=32, steps=4, num_warps=4, num_stages=3)
+
+
 def gguf_dequantize(qweight: torch.Tensor, qtype: int, k: int, dtype: torch.dtype,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
+                    out: torch.Tensor | None = None, tuning: dict | None = None) -> torch.Tensor:
     """[N, row bytes] GGUF blocks -> [N, k] in ``dtype`` (each weight rounded once)."""
     n = qweight.shape[0]
     _check_weight(qweight, qtype, k, "gguf_dequantize weight")
     out = torch.empty(n, k, dtype=dtype, device=qweight.device) if out is None else out
     if n:
-        _dequant_kernel[(triton.cdiv(n, 32), k // STEP_K)](qweight, _grid_arg(qtype, qweight), out, n,
-                                                           qweight.stride(0), out.stride(0), QTYPE=qtype, BLOCK_N=32,
-                                                           num_warps=4)
+        t = {**DEQUANT_TUNING, **(tuning or {})}
+        steps = k // STEP_K
+        per = min(steps, t["steps"])
+        _dequant_kernel[(triton.cdiv(n, t["BLOCK_N"]), triton.cdiv(steps, per))](
+            qweight, _grid_arg(qtype, qweight), out, n, qweight.stride(0), out.stride(0), steps, per, QTYPE=qtype,
+            BLOCK_N=t["BLOCK_N"], num_warps=t["num_warps"], num_stages=t["num_stages"])
     return out
 
 
@@ -1182,7 +1200,7 @@ def _moe_dequantized(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan: 
             n = min(chunk, e - start)
             wd = scratch[:n * rows * k].view(n, rows, k)
             gguf_dequantize(w[start:start + n].reshape(n * rows, w.shape[2]), qtype, k, x.dtype,
-                            out=wd.view(n * rows, k))
+                            out=wd.view(n * rows, k), tuning=plan.get("dequantize_tuning"))
             _moe_dense_kernel[grid](a, wd, dst, route_w, sorted_ids, expert_ids, num_padded, n_out, k, pairs,
                                     top_k if gated else 1, start, n, a.stride(0), wd.stride(0), wd.stride(1),
                                     dst.stride(0), BLOCK_M=tun["BLOCK_M"], BLOCK_N=tun["BLOCK_N"],
@@ -1209,10 +1227,7 @@ def gguf_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights:
     if t == 0:
         return out
     x = x if x.stride(-1) == 1 else x.contiguous()
-    if plan is None:   # the register-MMA regime where it covers both passes, else dequantized or prefill tiles
-        mma = _mma_regime(t * top_k / e, x.dtype, w13, w2, qtype13, qtype2, h, inter)
-        plan = moe_plan(t, top_k, e, decode=mma,
-                        dequant=not mma and _dequant_regime(t * top_k / e, x.dtype, qtype13, qtype2))
+    plan = plan or chosen_moe_plan(t, top_k, x.dtype, w13, w2, qtype13, qtype2)
     if plan.get("dequant"):
         return _moe_dequantized(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan, align or moe_align, out)
     if not plan["fused_gate"]:
@@ -1227,6 +1242,24 @@ def gguf_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights:
     _tile_pass(act, w2, qtype2, down, (sorted_ids, expert_ids, num_padded), plan, n=h, split=1,
                per_split=inter // STEP_K, num_valid=pairs, route_w=topk_weights.reshape(-1), bn=plan["BLOCK_N_W2"])
     return torch.sum(down.view(t, top_k, h), dim=1, out=out)
+
+
+def chosen_moe_plan(num_tokens: int, top_k: int, dtype: torch.dtype, w13: torch.Tensor, w2: torch.Tensor,
+                    qtype13: int, qtype2: int) -> dict:
+    """The plan gguf_moe takes for this call: the register-MMA (decode) regime where it covers both passes, else
+    the experts dequantized or the prefill tiles, by the rows an expert gets."""
+    e, two_i, _ = w13.shape
+    h, inter = w2.shape[1], two_i // 2
+    rows = num_tokens * top_k / e
+    mma = _mma_regime(rows, dtype, w13, w2, qtype13, qtype2, h, inter)
+    return moe_plan(num_tokens, top_k, e, decode=mma, dequant=not mma and _dequant_regime(rows, dtype, qtype13, qtype2))
+
+
+def moe_regime(plan: dict) -> str:
+    """A plan's regime in words (reports and profiles)."""
+    if plan.get("dequant"):
+        return "experts dequantized, 16-bit tiles"
+    return "decode (register MMA where it covers the weight)" if not plan["fused_gate"] else "prefill tiles"
 
 
 def _dequant_regime(rows_per_expert: float, dtype: torch.dtype, qtype13: int, qtype2: int) -> bool:
@@ -1365,7 +1398,7 @@ _LINEAR_SIG = {"x_ptr": "*bf16", "w_ptr": "*u8", "grid_ptr": "*u8", "out_ptr": "
 _SILU_SIG = {"part_ptr": "*fp32", "act_ptr": "*bf16", "splits": "i32", "inter": "i32", "stride_ps": "i32",
              "stride_pr": "i32", "stride_ar": "i32"}
 _DEQUANT_SIG = {"w_ptr": "*u8", "grid_ptr": "*u8", "out_ptr": "*bf16", "N": "i32", "stride_wn": "i32",
-                "stride_on": "i32"}
+                "stride_on": "i32", "num_steps": "i32", "steps_per_program": "i32"}
 _MOE_SIG = {"x_ptr": "*bf16", "w_ptr": "*u8", "grid_ptr": "*u8", "out_ptr": "*bf16", "route_w_ptr": "*fp32",
             "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32", "num_padded_ptr": "*i32", "final_ptr": "*bf16",
             "counter_ptr": "*i32", "N": "i32", "num_steps": "i32", "steps_per_split": "i32", "num_valid": "i32",
@@ -1394,7 +1427,8 @@ def kernel_configs() -> list[dict]:
                              num_warps=t["num_warps"], num_stages=t["num_stages"],
                              divisible_by_16=("x_ptr", "w_ptr", "grid_ptr", "out_ptr", "stride_xm", "stride_om")))
         cfgs.append(dict(name=f"dequant q{qt}", kernel=_dequant_kernel, signature=_DEQUANT_SIG,
-                         constexprs=dict(QTYPE=qt, BLOCK_N=32), num_warps=4, num_stages=3,
+                         constexprs=dict(QTYPE=qt, BLOCK_N=DEQUANT_TUNING["BLOCK_N"]),
+                         num_warps=DEQUANT_TUNING["num_warps"], num_stages=DEQUANT_TUNING["num_stages"],
                          divisible_by_16=("w_ptr", "grid_ptr", "out_ptr", "stride_on")))
         for p in (moe_plan(1, 8, 256), moe_plan(4096, 8, 256)):   # decode (w13 split over K), prefill
             decode = not p["fused_gate"]

@@ -211,6 +211,22 @@ def test_dequantize_kernel_every_type(name):
         assert ((got - w64).abs() <= 2 * u * scale).all(), (name, dtype)
 
 
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "IQ2_XXS", "Q8_0"])
+def test_dequantize_in_runs_of_steps_equals_one_step_a_program(name):
+    """A program decodes a run of 128-value steps with the next step's loads in flight (DEQUANT_TUNING["steps"]):
+    runs that do not divide the row (10 steps in runs of 3 or 4 or 8), rows past the last block of rows, and one step a
+    program give the same bits (Q4_K has its own loop, the rest load a step ahead)."""
+    qt = TYPES[name]
+    g = torch.Generator().manual_seed(qt + 7)
+    n, k = 37, 1280
+    w = ref.random_blocks(qt, n, k, g)
+    w64 = ref.dequantize(w, qt, k)
+    want = gm.gguf_dequantize(w, qt, k, torch.float32, tuning={"steps": 1})
+    assert ((want.double() - w64).abs() <= 2.0 ** -23 * w64.abs().amax(dim=1, keepdim=True)).all()
+    for tuning in ({"steps": 3}, {"steps": 4, "BLOCK_N": 16}, {"steps": 8, "BLOCK_N": 64}):
+        assert torch.equal(gm.gguf_dequantize(w, qt, k, torch.float32, tuning=tuning), want), tuning
+
+
 def test_grid_tables_hold_the_gguf_grids_as_bytes_and_refuse_values_that_do_not_fit(monkeypatch):
     """The IQ kernels read gguf.quants' own grids from a uint8 table (IQ1: value + 1); a grid the bytes cannot hold
     is refused in one line naming it, not silently truncated."""
