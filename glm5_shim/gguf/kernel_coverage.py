@@ -121,12 +121,15 @@ def gguf_bf16_refused_at(capability: tuple[int, int]) -> bool:
     return capability[0] * 10 + capability[1] >= GGUF_BF16_GATE_CAPABILITY
 
 
-def vllm_vector_kernel_rows(out_features: int) -> int:
-    """Up to how many activation rows vLLM 0.23 sends a K-quant or legacy-quant dense linear to its vector kernel
-    (``ggml_mul_mat_vec_a8``; ``_fused_mul_mat_gguf``'s ``mmvq_safe``).  There the shim leaves it: measured on the
-    H200 (bench/RESULTS.md, 2026-12-01 and 2026-12-02 session 6) that kernel beats the shim's tile and register-MMA
-    kernels at one row (e.g. q_a+kv_a Q4_K 10.1 vs 15.5 and 14.0 µs), while at 8 rows the shim's are 4x faster."""
-    return 2 if out_features > 5120 else 6
+# Up to how many activation rows a dense linear goes to vLLM's vector kernel (``mul_mat_vec_q``), where vLLM's
+# kernels are trusted with the activations.  At one row it beats the shim's on most TP-8 shapes (H200, session 12,
+# bench/results/2026-12-03-s12-callA-iq2.md: q_a+kv_a IQ2_S 10.6 against 18.7 µs, Q6_K 15.7 against 19.5; lm_head
+# Q6_K 63 against 78), but its time grows with every row while the shim's stays flat: at 2 rows the shim's is faster
+# on 8 of 9 shapes (lm_head Q6_K 83 against 120, IQ2_XXS 58 against 128), at 4 on all.  Until session 13 vLLM kept
+# what it sends there itself (2 rows past 5120 outputs, else 6), and an MTP verify step's 2-row linears cost 1.57x
+# a plain step's (bench/RESULTS.md, session 13).
+VLLM_LINEAR_MAX_ROWS = 1
+VLLM_LINEAR_ROWS_TEXT = "one row" if VLLM_LINEAR_MAX_ROWS == 1 else f"1-{VLLM_LINEAR_MAX_ROWS} rows"  # for reports
 
 
 def kernel_path(ggml_type: int, k: int, enabled: bool = True) -> str:

@@ -36,7 +36,8 @@ import gguf
 from glm5_shim import settings
 
 from .config import build_hf_config, indexer_layout
-from .kernel_coverage import MMA_DECODE_TYPES, VLLM_MISDECODED_TYPES, VLLM_MOE_DECODE_TOKENS, kernel_path
+from .kernel_coverage import (MMA_DECODE_TYPES, VLLM_LINEAR_ROWS_TEXT, VLLM_MISDECODED_TYPES, VLLM_MOE_DECODE_TOKENS,
+                              kernel_path)
 from .errors import GGUFError
 from .load_plan import MTP_FLAG, LoadPlan, mtp_draft_problem, plan_load, plan_tensors
 from . import memory
@@ -118,8 +119,8 @@ def format_matmul_paths(paths: dict[str, dict[str, int]]) -> str:
                   "register-MMA kernels") if mma else ""
     iq = [t for t in paths["shim"] if int(gguf.GGMLQuantizationType[t]) in VLLM_MOE_DECODE_TOKENS]
     iq_note = f" and {'/'.join(iq)} MoE decode of up to 8-32 tokens" if iq else ""
-    rows_note = (f"dense linears at 1-6 rows{iq_note} stay on vLLM's vector kernels in fp16 or below compute "
-                 "capability 10; ") if paths["shim"] else ""
+    rows_note = (f"dense linears at {VLLM_LINEAR_ROWS_TEXT}{iq_note} stay on vLLM's vector kernels in fp16 or below "
+                 "compute capability 10; ") if paths["shim"] else ""
     wrong = [t for t in paths["vllm"] if int(gguf.GGMLQuantizationType[t]) in VLLM_MISDECODED_TYPES]
     warning = (f"; WARNING: vLLM 0.23's kernels decode {'/'.join(wrong)} wrongly (an outdated grid: ~2 % error a "
                "matrix), the shim's kernels (GLM5_SHIM_GGUF_KERNELS=shim) do not") if wrong else ""

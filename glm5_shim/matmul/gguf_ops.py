@@ -11,8 +11,8 @@ import threading
 
 import torch
 
-from glm5_shim.gguf.kernel_coverage import (gguf_bf16_refused_at, shim_kernel_covers, vllm_decodes,
-                                            vllm_moe_decode_faster, vllm_vector_kernel_rows)
+from glm5_shim.gguf.kernel_coverage import (VLLM_LINEAR_MAX_ROWS, gguf_bf16_refused_at, shim_kernel_covers,
+                                            vllm_decodes, vllm_moe_decode_faster)
 
 _ACT_DTYPES = (torch.float16, torch.bfloat16)
 _lock = threading.Lock()
@@ -22,7 +22,7 @@ _registered = False
 def _linear_op(x: torch.Tensor, qweight: torch.Tensor, qweight_type: int, n: int) -> torch.Tensor:
     from glm5_shim.kernels.gguf_matmul import gguf_linear, row_bytes
 
-    if (x.shape[0] <= vllm_vector_kernel_rows(n) and _vllm_vector_kernel_trusted(x)
+    if (x.shape[0] <= VLLM_LINEAR_MAX_ROWS and _vllm_vector_kernel_trusted(x)
             and vllm_decodes(qweight_type)):
         # inside the op: the row count is dynamic to torch.compile, a branch on it outside would specialise
         from vllm.model_executor.layers.quantization.gguf import _fused_mul_mat_gguf

@@ -52,7 +52,7 @@ def _apply(module, patch: Patch) -> None:
     from vllm.logger import init_logger
 
     from glm5_shim import settings
-    from glm5_shim.gguf.kernel_coverage import MMA_DECODE_TYPES, SHIM_KERNEL_TYPES
+    from glm5_shim.gguf.kernel_coverage import MMA_DECODE_TYPES, SHIM_KERNEL_TYPES, VLLM_LINEAR_ROWS_TEXT
 
     names = "/".join(gguf.GGMLQuantizationType(t).name for t in SHIM_KERNEL_TYPES)
     mma = "/".join(gguf.GGMLQuantizationType(t).name for t in MMA_DECODE_TYPES)
@@ -60,9 +60,10 @@ def _apply(module, patch: Patch) -> None:
               "(GLM5_SHIM_GGUF_DECODE=tile for the tile kernels)" if settings.gguf_decode_choice() == "mma"
               else "decode on the tile kernels")
     init_logger("vllm.glm5_shim.gguf").info(
-        "glm5-shim: GGUF matmuls of %s weights run on the shim's Triton kernels (%s; dense linears at 1-6 rows and "
+        "glm5-shim: GGUF matmuls of %s weights run on the shim's Triton kernels (%s; dense linears at %s and "
         "IQ MoE decode of up to 8-32 tokens on vLLM's vector kernels in fp16 or below compute capability 10; other "
-        "types on vLLM's ggml kernels; GLM5_SHIM_GGUF_KERNELS=vllm for all on vLLM's)", names, decode)
+        "types on vLLM's ggml kernels; GLM5_SHIM_GGUF_KERNELS=vllm for all on vLLM's)", names, decode,
+        VLLM_LINEAR_ROWS_TEXT)
 
 
 PATCHES = [

@@ -43,7 +43,7 @@ def test_each_quantized_matmul_weight_is_counted_once_on_the_path_its_type_takes
 def test_the_line_names_the_iq_types_whose_moe_decode_stays_on_vllm():
     iq = [gguf.GGMLQuantizationType(t).name for t in VLLM_MOE_DECODE_TOKENS][:2]
     line = format_matmul_paths({"shim": {"Q4_K": 3, iq[0]: 2, iq[1]: 1}, "vllm": {"TQ1_0": 2}})
-    assert f"dense linears at 1-6 rows and {iq[0]}/{iq[1]} MoE decode of up to 8-32 tokens stay on vLLM's" in line
+    assert f"dense linears at one row and {iq[0]}/{iq[1]} MoE decode of up to 8-32 tokens stay on vLLM's" in line
     assert "TQ1_0 x2" in line  # a type with no shim kernel
     assert "MoE decode" not in format_matmul_paths({"shim": {"Q4_K": 3}, "vllm": {}})
 
@@ -56,7 +56,7 @@ def test_the_line_says_where_decode_runs_by_default_and_with_the_tile_switch(mon
     line = format_matmul_paths(paths)
     assert f"decode-sized {mma} products (MoEs up to 8-32 routed rows an expert) on the register-MMA kernels " \
            "(GLM5_SHIM_GGUF_DECODE=tile" in line
-    assert "1-6 rows stay on vLLM's vector kernels" in line
+    assert "one row stay on vLLM's vector kernels" in line
     monkeypatch.setenv("GLM5_SHIM_GGUF_DECODE", "tile")
     line = format_matmul_paths(paths)
     assert f"GLM5_SHIM_GGUF_DECODE=mma (the default) runs decode-sized {mma} products" in line

@@ -90,8 +90,9 @@ def test_one_type_shards_run_as_one_launch(patched, monkeypatch):
 
 
 def test_few_rows_and_uncovered_types_reach_vllms_kernels(patched, monkeypatch):
-    """1-6 rows (in fp16) go to vLLM's vector kernel, with exact rows cut from a padded shard; a type without a shim
-    kernel and a K that is not whole super-blocks go to vLLM's op untouched."""
+    """One row (in fp16) goes to vLLM's vector kernel, with exact rows cut from a padded shard (two rows do not:
+    kernel_coverage.VLLM_LINEAR_MAX_ROWS); a type without a shim kernel and a K that is not whole super-blocks go to
+    vLLM's op untouched."""
     seen = []
     monkeypatch.setattr(patched, "_fused_mul_mat_gguf",
                         lambda x, w, t: seen.append((x.shape[0], tuple(w.shape), t)) or torch.zeros(x.shape[0],
@@ -102,8 +103,10 @@ def test_few_rows_and_uncovered_types_reach_vllms_kernels(patched, monkeypatch):
     g = torch.Generator().manual_seed(3)
     padded = torch.zeros(8, 300, dtype=torch.uint8)
     padded[:, :288] = ref.random_blocks(gm.Q4_K, 8, 512, g)
-    gguf_ops._linear_op(torch.randn(2, 512).half(), padded, gm.Q4_K, 8)
-    assert seen == [(2, (8, 288), gm.Q4_K)]
+    gguf_ops._linear_op(torch.randn(1, 512).half(), padded, gm.Q4_K, 8)
+    assert seen == [(1, (8, 288), gm.Q4_K)]
+    got = gguf_ops._linear_op(torch.randn(2, 512).half(), padded, gm.Q4_K, 8)
+    assert len(seen) == 1 and got.shape == (2, 8)
     fallback = []
     drop_in = gguf_ops.make_fused_mul_mat(lambda x, w, t: fallback.append(t) or "vllm")
     tq1 = int(gguf.GGMLQuantizationType.TQ1_0)  # a type the shim has no kernel for
@@ -113,10 +116,11 @@ def test_few_rows_and_uncovered_types_reach_vllms_kernels(patched, monkeypatch):
 
 
 def test_register_mma_decode_takes_the_rows_vllms_vector_kernel_may_not(patched, monkeypatch):
-    """By default (GLM5_SHIM_GGUF_DECODE unset): a 2-row Q4_K linear (a padded shard view) goes to vLLM's vector
+    """By default (GLM5_SHIM_GGUF_DECODE unset): a 1-row Q4_K linear (a padded shard view) goes to vLLM's vector
     kernel where that is trusted (it beats both shim kernels at 1 row), and where it is not (bf16 from compute
-    capability 10) runs on the register-MMA kernel, reading the shard in place; a Q8_0 linear at 7 rows stays on the
-    tile kernel (its register-MMA dense decode measured no faster), and GLM5_SHIM_GGUF_DECODE=tile keeps Q4_K there."""
+    capability 10) runs on the register-MMA kernel, reading the shard in place; at 2 rows the register-MMA kernel
+    runs even where vLLM's is trusted (vLLM's time grows with each row); a Q8_0 linear at 7 rows stays on the tile
+    kernel (its register-MMA dense decode measured no faster), and GLM5_SHIM_GGUF_DECODE=tile keeps Q4_K there."""
     from glm5_shim.kernels import gguf_mma
     from glm5_shim.matmul import gguf_ops
 
@@ -130,7 +134,7 @@ def test_register_mma_decode_takes_the_rows_vllms_vector_kernel_may_not(patched,
     w = ref.random_blocks(gm.Q4_K, 8, 512, g)
     padded = torch.zeros(8, 304, dtype=torch.uint8)
     padded[:, :288] = w
-    x = torch.randn(2, 512, generator=g).half()
+    x = torch.randn(1, 512, generator=g).half()
     monkeypatch.setattr(gguf_ops, "_vllm_vector_kernel_trusted", lambda x: True)
     gguf_ops._linear_op(x, padded, gm.Q4_K, 8)
     assert seen == [gm.Q4_K] and not launched
@@ -139,15 +143,22 @@ def test_register_mma_decode_takes_the_rows_vllms_vector_kernel_may_not(patched,
     assert launched == [(8, 304)] and seen == [gm.Q4_K]
     want = ref.linear_reference(x, w, gm.Q4_K)
     assert ((got.double() - want).norm() / want.norm()).item() < 3e-3
+    monkeypatch.setattr(gguf_ops, "_vllm_vector_kernel_trusted", lambda x: True)
+    x2 = torch.randn(2, 512, generator=g).half()
+    got2 = gguf_ops._linear_op(x2, padded, gm.Q4_K, 8)
+    assert launched == [(8, 304)] * 2 and seen == [gm.Q4_K]
+    want2 = ref.linear_reference(x2, w, gm.Q4_K)
+    assert ((got2.double() - want2).norm() / want2.norm()).item() < 3e-3
     w8 = ref.random_blocks(gm.Q8_0, 8, 512, g)
     x7 = torch.randn(7, 512, generator=g).half()
     got8 = gguf_ops._linear_op(x7, w8, gm.Q8_0, 8)
-    assert launched == [(8, 304)]
+    assert launched == [(8, 304)] * 2
     want8 = ref.linear_reference(x7, w8, gm.Q8_0)
     assert ((got8.double() - want8).norm() / want8.norm()).item() < 3e-3
     monkeypatch.setenv("GLM5_SHIM_GGUF_DECODE", "tile")
+    monkeypatch.setattr(gguf_ops, "_vllm_vector_kernel_trusted", lambda x: False)
     gguf_ops._linear_op(x, padded, gm.Q4_K, 8)
-    assert launched == [(8, 304)] and seen == [gm.Q4_K]
+    assert launched == [(8, 304)] * 2 and seen == [gm.Q4_K]
 
 
 def test_vllms_moe_method_runs_on_the_shim_kernels(patched):
