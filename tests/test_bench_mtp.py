@@ -75,6 +75,24 @@ def test_the_report_checks_equal_greedy_tokens_and_acceptance_against_the_refere
         "peaked-mtp-shim-k2: greedy tokens equal the K=0 server's"]
 
 
+def test_prompt_logprobs_with_a_draft_are_checked_against_k0():
+    """What the H200 run of 2026-12-04 showed: with the draft, prompt log-probs off by nats (or NaN), tokens equal."""
+    results = {"arms": {
+        "peaked-mtp-shim-k0": _arm("peaked-mtp", "shim", 0, [5, 6]),
+        "peaked-mtp-shim-k1": _arm("peaked-mtp", "shim", 1, [5, 6], metrics=_metrics(2, 2)),
+    }}
+    for name, lps in (("peaked-mtp-shim-k0", [None, -1.0, -2.0]), ("peaked-mtp-shim-k1", [None, -1.02, -2.0])):
+        results["arms"][name]["greedy"]["p"]["prompt_logprobs"] = lps
+    check = "peaked-mtp-shim-k1: prompt log-probs equal the K=0 server's"
+    lines = {c: (ok, detail) for c, ok, detail in mtp.summarize(results)}
+    assert lines[check] == (True, "largest difference 0.020 nats")
+    for wrong in (-6.4, float("nan")):
+        results["arms"]["peaked-mtp-shim-k1"]["greedy"]["p"]["prompt_logprobs"][2] = wrong
+        assert dict((c, ok) for c, ok, _ in mtp.summarize(results))[check] is False
+    del results["arms"]["peaked-mtp-shim-k0"]["greedy"]["p"]["prompt_logprobs"]   # nothing to compare: no line
+    assert check not in dict((c, ok) for c, ok, _ in mtp.summarize(results))
+
+
 def test_arms_and_a_server_that_failed():
     names = [a.name for a in mtp.all_arms(["shim", "native"], [1, 3])]
     assert names == ["peaked-mtp-shim-k0", "peaked-mtp-shim-k1", "peaked-mtp-shim-k3", "peaked-shim-k1",

@@ -15,6 +15,7 @@ PATCH_MODULES = (
     "gguf_kernels",
     "shared_indexer",
     "mtp_fp16",
+    "mtp_prompt_logprobs",
     "tp_split_check",
     "attention_selector",
     "indexer",
