@@ -43,7 +43,7 @@ def _drafted_then_prompt_logprobs(runner, hidden, patched: bool):
 
     # the replacement's wrapper around a stand-in for the stock drafter (the real one needs a GPU and a model)
     propose = keeping_prompt_hidden_states(drafter_in_the_pool) if patched else drafter_in_the_pool
-    propose(runner, None, None, None, hidden, None, None, None, None, None)
+    propose(runner, None, torch.zeros(1, 1, dtype=torch.int32), None, hidden, None, None, None, None, None)
     out = runner._get_prompt_logprobs_dict(hidden[: len(PROMPT)], {"r": len(PROMPT)})
     return out["r"].logprobs[:, 0]   # the log-prob of each next prompt token
 
@@ -51,6 +51,10 @@ def _drafted_then_prompt_logprobs(runner, hidden, patched: bool):
 @pytest.fixture
 def lm_head():
     return torch.randn(VOCAB, HIDDEN, generator=torch.Generator().manual_seed(0))
+
+
+def idle_drafter(self, scheduler_output, sampled_token_ids, sampling_metadata, hidden_states, *rest):  # writes nothing
+    pass
 
 
 def test_prompt_logprobs_come_from_the_hidden_states_before_the_drafter(lm_head):
@@ -70,8 +74,13 @@ def test_prompt_logprobs_come_from_the_hidden_states_before_the_drafter(lm_head)
         # no request asking for prompt log-probs: nothing is kept, the hidden states are read as they are
         runner = _runner(GPUModelRunner, lm_head)
         runner.num_prompt_logprobs = {}
-        keeping_prompt_hidden_states(lambda self, *a: None)(runner, None, None, None, hidden, None, None, None,
-                                                            None, None)
+        gpu_ids = torch.zeros(1, 1, dtype=torch.int32)
+        keeping_prompt_hidden_states(idle_drafter)(runner, None, gpu_ids, None, hidden, None, None, None, None, None)
+        assert _KEPT not in runner.__dict__
+        # a drafter that runs after the bookkeeping (n-gram: sampled ids as lists) keeps nothing either: the prompt
+        # log-probs of this step are computed already, and a copy left behind would be read at the next step
+        runner = _runner(GPUModelRunner, lm_head)
+        keeping_prompt_hidden_states(idle_drafter)(runner, None, [[1]], None, hidden, None, None, None, None, None)
         assert _KEPT not in runner.__dict__
 
     # stock vLLM (every patch undone): the prompt log-probs of the memory the drafter wrote

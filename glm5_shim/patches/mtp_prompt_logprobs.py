@@ -29,8 +29,8 @@ _KEPT = "_glm5_shim_prompt_hidden"   # (the pool's tensor, its copy), between th
 def _check(module) -> None:
     runner = require_attr(module, "GPUModelRunner", _TARGET)
     propose = require_attr(runner, "propose_draft_token_ids", "GPUModelRunner")
-    require("hidden_states" in inspect.signature(propose).parameters,
-            "GPUModelRunner.propose_draft_token_ids no longer takes hidden_states")
+    require({"sampled_token_ids", "hidden_states"} <= set(inspect.signature(propose).parameters),
+            "GPUModelRunner.propose_draft_token_ids no longer takes sampled_token_ids and hidden_states")
     prompt = require_attr(runner, "_get_prompt_logprobs_dict", "GPUModelRunner")
     require(list(inspect.signature(prompt).parameters)[:2] == ["self", "hidden_states"],
             "GPUModelRunner._get_prompt_logprobs_dict no longer takes hidden_states first")
@@ -58,8 +58,14 @@ def keeping_prompt_hidden_states(stock_propose):
 
     def propose_draft_token_ids(self, *args, **kwargs):
         if self.num_prompt_logprobs and _serves_glm_gguf(self):
-            hidden = signature.bind(self, *args, **kwargs).arguments["hidden_states"]
-            self.__dict__[_KEPT] = (hidden, hidden.clone())
+            import torch
+
+            arguments = signature.bind(self, *args, **kwargs).arguments
+            # sampled ids on the GPU: a drafter that runs before the bookkeeping (MTP/EAGLE); as lists, one that runs
+            # after it (n-gram on the CPU), when the prompt log-probs are already computed: nothing to keep then
+            if isinstance(arguments["sampled_token_ids"], torch.Tensor):
+                hidden = arguments["hidden_states"]
+                self.__dict__[_KEPT] = (hidden, hidden.clone())
         return stock_propose(self, *args, **kwargs)
 
     return propose_draft_token_ids
