@@ -94,6 +94,24 @@ K_MULTIPLE = 256  # the kernels step through K in half super-blocks; GLM-5's inp
 MIXED_VLLM_MOE_DECODE_TOKENS = 1
 
 
+# The expert types vLLM 0.23 multiplies with its tile MoE kernel (``ggml_moe_a8``) past 64 tokens, when both of a
+# MoE's types are among them (its gguf.py MMQ_QUANT_TYPES); a MoE with any other type (the IQ types) runs its vector
+# kernel (``ggml_moe_a8_vec``) at every size, which launches one block per routed token along the grid's z axis
+# (csrc/quantization/gguf/moe_vec.cuh: block_nums(..., 1, tokens * top_k)).  CUDA allows 65 535 there: a step of
+# more routed tokens fails with "CUDA error: invalid argument" (H200, 2026-12-04: a UD-IQ2_M-like GLM-5 slice on
+# vLLM's kernels at vLLM's default 8 192 batched tokens x top-8 = 65 536, in start-up's profile run).
+VLLM_MOE_TILE_TYPES = (int(_T.Q4_0), int(_T.Q4_1), int(_T.Q5_0), int(_T.Q5_1), int(_T.Q8_0), int(_T.Q2_K),
+                       int(_T.Q3_K), int(_T.Q4_K), int(_T.Q5_K), int(_T.Q6_K))
+VLLM_MOE_VECTOR_MAX_ROUTED = 65535
+
+
+def vllm_moe_max_tokens(top_k: int, *qtypes: int) -> int | None:
+    """The most tokens a step may have for vLLM's kernels to run a MoE of these expert types (None: no limit)."""
+    if all(int(t) in VLLM_MOE_TILE_TYPES for t in qtypes):
+        return None
+    return VLLM_MOE_VECTOR_MAX_ROUTED // top_k
+
+
 def vllm_moe_decode_faster(qtype13: int, tokens: int, qtype2: int | None = None) -> bool:
     """Whether vLLM's vector MoE kernel computed a call of this many tokens faster than the shim's (by w13's type,
     or the mixed rule above when w13 is a register-MMA type and w2 an IQ type vLLM decodes faster)."""

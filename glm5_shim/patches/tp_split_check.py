@@ -1,11 +1,15 @@
-"""Refuse a tensor-parallel size a glm-dsa GGUF cannot be split at, before any worker starts.
+"""Refuse, before any worker starts, a tensor-parallel size a glm-dsa GGUF cannot be split at, and a batch size
+vLLM's own MoE kernel cannot launch for the file's expert types.
 
 Target: ``vllm.engine.arg_utils:EngineArgs.create_engine_config``.  Every route (``vllm serve``, ``LLM(...)``,
 ``vllm bench``) builds its VllmConfig there, in the front-end process, before a worker exists or GPU memory is
 touched.  The replacement calls vLLM's own method, then, for a glm-dsa GGUF only, checks that every row-parallel
 quantized weight (the target's, and its MTP draft's when one is asked for) splits into whole blocks at the configured
 tensor-parallel size (see glm5_shim.gguf.tp_split:
-vLLM 0.23 cuts packed rows into TP byte ranges and would otherwise compute with pieces of blocks, silently).
+vLLM 0.23 cuts packed rows into TP byte ranges and would otherwise compute with pieces of blocks, silently), and
+that experts left on vLLM's GGUF MoE kernel (GLM5_SHIM_GGUF_KERNELS=vllm) do not get more routed tokens a step
+than its launch grid takes (kernel_coverage.vllm_moe_max_tokens: with IQ experts and vLLM's default 8 192 batched
+tokens the engine would die in start-up's profile run with "CUDA error: invalid argument").
 """
 from __future__ import annotations
 
@@ -26,6 +30,61 @@ def check_tp_split(vllm_config) -> None:
     if draft_config is not None:
         _check_one(draft_config, getattr(spec, "draft_parallel_config", None) or parallel, HF_MTP_MODEL_TYPE,
                    draft=True)
+
+
+def check_vllm_moe_grid(vllm_config) -> None:
+    """Raise GGUFError (one line) when a step of --max-num-batched-tokens would route more tokens through vLLM's own
+    GGUF MoE kernel than its launch grid takes, for the target's experts or its MTP draft's."""
+    from glm5_shim.names import HF_MODEL_TYPE, HF_MTP_MODEL_TYPE
+
+    tokens = getattr(getattr(vllm_config, "scheduler_config", None), "max_num_batched_tokens", None)
+    if not tokens:
+        return
+    spec = getattr(vllm_config, "speculative_config", None)
+    for model_config, model_type, draft in ((vllm_config.model_config, HF_MODEL_TYPE, False),
+                                            (getattr(spec, "draft_model_config", None), HF_MTP_MODEL_TYPE, True)):
+        if getattr(getattr(model_config, "hf_config", None), "model_type", None) != model_type:
+            continue
+        from glm5_shim.loading.hf_config import is_glm_dsa_gguf
+
+        if not is_glm_dsa_gguf(model_config.model):
+            continue
+        from glm5_shim.gguf.errors import GGUFError
+        from glm5_shim.loading.gguf_loading import load_plan_for
+
+        problem = vllm_moe_grid_problem(load_plan_for(model_config.model, draft=draft), tokens,
+                                        int(model_config.hf_config.num_experts_per_tok))
+        if problem:
+            raise GGUFError(f"glm5-shim: {problem}")
+
+
+def vllm_moe_grid_problem(plan, tokens: int, top_k: int) -> str | None:
+    """The line that says why ``tokens`` a step is too many for vLLM's MoE kernel on this plan's experts, if so."""
+    import re
+
+    import gguf
+
+    from glm5_shim import settings
+    from glm5_shim.gguf.kernel_coverage import VLLM_MOE_VECTOR_MAX_ROUTED, kernel_path, vllm_moe_max_tokens
+
+    shim = settings.gguf_kernels_choice() == "shim"
+    layers: dict[str, list] = {}
+    for t in plan.tensors:
+        if t.vllm_type is not None and re.search(r"\.ffn_(gate|up|down)_exps\.weight$", t.gguf_name):
+            layers.setdefault(t.gguf_name.rsplit(".ffn_", 1)[0], []).append(t)
+    for experts in layers.values():
+        types = [int(gguf.GGMLQuantizationType[t.vllm_type]) for t in experts]
+        on_vllm = [t for t, q in zip(experts, types) if kernel_path(q, t.info.shape[-1], shim) == "vllm"]
+        limit = vllm_moe_max_tokens(top_k, *types)
+        if on_vllm and limit is not None and tokens > limit:
+            t = on_vllm[0]
+            why = "GLM5_SHIM_GGUF_KERNELS=vllm" if not shim else "the shim's kernels do not cover it"
+            return (f"{plan.model.path}: tensor {t.gguf_name} ({t.vllm_type}) runs on vLLM's GGUF MoE vector kernel "
+                    f"({why}), whose launch grid takes at most {VLLM_MOE_VECTOR_MAX_ROUTED} routed tokens a step, "
+                    f"but --max-num-batched-tokens {tokens} x {top_k} experts a token is {tokens * top_k}; pass "
+                    f"--max-num-batched-tokens {limit} or less" + (", or leave GLM5_SHIM_GGUF_KERNELS unset for "
+                                                                   "the shim's kernels" if not shim else ""))
+    return None
 
 
 def _check_one(model_config, parallel, model_type: str, *, draft: bool) -> None:
@@ -69,6 +128,7 @@ def _apply(module, patch: Patch) -> None:
     def create_engine_config(self, *args, **kwargs):
         config = original(self, *args, **kwargs)
         check_tp_split(config)
+        check_vllm_moe_grid(config)
         return config
 
     patch.replace(cls, "create_engine_config", create_engine_config)
@@ -80,7 +140,8 @@ PATCHES = [
         target=_TARGET,
         replaces=(f"{_TARGET}:EngineArgs.create_engine_config",),
         summary="refuses a --tensor-parallel-size at which a glm-dsa GGUF's quantized row-parallel weights "
-                "would be cut inside blocks (vLLM would load wrong weights silently)",
+                "would be cut inside blocks (vLLM would load wrong weights silently), and a --max-num-batched-tokens "
+                "vLLM's own MoE kernel cannot launch for experts left on it",
         check=_check,
         apply=_apply,
     ),

@@ -93,6 +93,36 @@ def test_the_shim_loads_the_converters_files(llama_real):
 
 
 
+def test_iq_experts_on_vllms_kernels_refuse_a_batch_vllms_grid_cannot_launch(llama_real):
+    """llama-quantize's IQ2_XXS file with GLM5_SHIM_GGUF_KERNELS=vllm: vLLM's vector MoE kernel launches tokens x
+    top-k (2 here) blocks on a grid axis of at most 65 535, so --max-num-batched-tokens 32 768 is refused in the front
+    end, naming the file and the limit; 32 767 passes, and so does 32 768 on the shim's kernels."""
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO, child_env
+
+    root, files = llama_real
+    if "IQ2_XXS" not in files:
+        assert not in_ci(), "CI builds llama-quantize: its IQ2_XXS file must be here"
+        pytest.skip("llama-quantize and llama-imatrix are not built here")
+    cases = [{"model": str(files["IQ2_XXS"]), "max_num_batched_tokens": n} for n in (32768, 32767)]
+    out = {}
+    for kernels in ("vllm", "shim"):
+        proc = subprocess.run([sys.executable, str(REPO / "tests" / "vllm_cpu_harness.py"), "configs",
+                               json.dumps(cases)], env=child_env({"GLM5_SHIM_GGUF_KERNELS": kernels}),
+                              capture_output=True, text=True, timeout=900, cwd=str(REPO))
+        out[kernels] = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+        assert len(out[kernels]) == 2, proc.stderr[-3000:]
+    refused, allowed = out["vllm"]
+    assert not refused["ok"] and refused["error"].startswith(f"GGUFError: glm5-shim: {files['IQ2_XXS']}: tensor blk.")
+    assert "(IQ2_XXS) runs on vLLM's GGUF MoE vector kernel" in refused["error"]
+    assert "--max-num-batched-tokens 32768 x 2 experts a token is 65536; pass --max-num-batched-tokens 32767" in \
+        refused["error"] and "\n" not in refused["error"]
+    assert allowed["ok"], allowed
+    assert all(r["ok"] for r in out["shim"]), out["shim"]
+
+
 # --- GLM-5.2 (shared indexers) and the split MTP files ------------------------------------------------------------
 # The converter's three files of one checkpoint: the whole model, `--no-mtp` (the trunk) and `--mtp` (the draft head),
 # each against make_tiny's split_mtp option that claims to write it.

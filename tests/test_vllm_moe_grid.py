@@ -1,0 +1,53 @@
+"""tp-split-check's second rule: experts left on vLLM's GGUF MoE kernel must not get more routed tokens a step than
+its launch grid takes (vLLM's vector MoE kernel puts tokens x top-k blocks on the grid's z axis, at most 65 535):
+refused in the front end with one line instead of "CUDA error: invalid argument" in the engine's profile run."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import gguf
+import pytest
+
+from glm5_shim.gguf.kernel_coverage import vllm_moe_max_tokens
+from glm5_shim.patches.tp_split_check import vllm_moe_grid_problem
+
+T = gguf.GGMLQuantizationType
+
+
+def test_the_limit_by_expert_types():
+    assert vllm_moe_max_tokens(8, T.Q4_K, T.Q6_K) is None          # both on vLLM's tile kernel past 64 tokens
+    assert vllm_moe_max_tokens(8, T.Q8_0, T.Q8_0) is None
+    assert vllm_moe_max_tokens(8, T.IQ2_XXS, T.IQ2_S) == 8191       # 8 192 x 8 = 65 536: one too many
+    assert vllm_moe_max_tokens(8, T.Q4_K, T.IQ4_XS) == 8191         # one vector-only type sends the MoE there
+    assert vllm_moe_max_tokens(2, T.IQ2_XXS) == 32767
+
+
+def _plan(gate_up: str, down: str):
+    """The part of a load plan the rule reads: one MoE layer of a TP-8 GLM-5 rank's expert shapes."""
+    tensors = [SimpleNamespace(gguf_name=f"blk.3.ffn_{p}_exps.weight", vllm_type=t, info=SimpleNamespace(shape=s))
+               for p, t, s in (("gate", gate_up, (256, 512, 6144)), ("up", gate_up, (256, 512, 6144)),
+                               ("down", down, (256, 6144, 512)))]
+    tensors.append(SimpleNamespace(gguf_name="blk.3.attn_q_a.weight", vllm_type="IQ2_XXS",
+                                   info=SimpleNamespace(shape=(2048, 6144))))   # not an expert: never counted
+    return SimpleNamespace(tensors=tensors, model=SimpleNamespace(path="/models/GLM-5-UD-IQ2_M.gguf"))
+
+
+def test_iq_experts_on_vllms_kernels_are_refused_past_the_grid(monkeypatch):
+    monkeypatch.setenv("GLM5_SHIM_GGUF_KERNELS", "vllm")
+    line = vllm_moe_grid_problem(_plan("IQ2_XXS", "IQ2_S"), 8192, 8)
+    assert line == ("/models/GLM-5-UD-IQ2_M.gguf: tensor blk.3.ffn_gate_exps.weight (IQ2_XXS) runs on vLLM's GGUF MoE "
+                    "vector kernel (GLM5_SHIM_GGUF_KERNELS=vllm), whose launch grid takes at most 65535 routed tokens "
+                    "a step, but --max-num-batched-tokens 8192 x 8 experts a token is 65536; pass "
+                    "--max-num-batched-tokens 8191 or less, or leave GLM5_SHIM_GGUF_KERNELS unset for the shim's "
+                    "kernels")
+    assert vllm_moe_grid_problem(_plan("IQ2_XXS", "IQ2_S"), 8191, 8) is None
+    assert vllm_moe_grid_problem(_plan("Q4_K", "Q6_K"), 65536, 8) is None   # vLLM's tile kernel past 64 tokens
+
+
+@pytest.mark.parametrize("env", [None, "shim"])
+def test_on_the_shims_kernels_nothing_is_limited(monkeypatch, env):
+    if env is None:
+        monkeypatch.delenv("GLM5_SHIM_GGUF_KERNELS", raising=False)
+    else:
+        monkeypatch.setenv("GLM5_SHIM_GGUF_KERNELS", env)
+    assert vllm_moe_grid_problem(_plan("IQ2_XXS", "IQ2_S"), 65536, 8) is None
