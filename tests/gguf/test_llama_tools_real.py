@@ -42,10 +42,28 @@ def _values(path, keys) -> dict:
     return {k: reader.fields[k].contents() for k in keys}
 
 
+def converter_fills_in_indexer_types(checkpoint) -> bool:
+    """Whether llama.cpp's converter will write glm-dsa.attention.indexer.types for a GLM-5 checkpoint whose
+    config.json has no indexer_types: it reads the config through transformers' AutoConfig where transformers knows
+    the model type (else config.json as it is), and transformers' GlmMoeDsaConfig (5.x; 5.25 is what pip resolves
+    for vLLM 0.23 since December 2026, 4.57 before) fills in indexer_types, all "full"."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(checkpoint)).to_dict().get("indexer_types") is not None
+    except (ValueError, KeyError, OSError):   # transformers 4.57: no glm_moe_dsa
+        return False
+
+
 @pytest.mark.parametrize("outtype", LLAMA_REAL_OUTTYPES)
 def test_make_tiny_writes_what_the_converter_writes(llama_real, outtype, tmp_path):
-    _, files = llama_real
-    ours = make_tiny(tmp_path / "ours.gguf", quant=outtype, seed=0, write_reference=False)[0]
+    from glm5_shim.gguf.fixture import reference_dir
+
+    root, files = llama_real
+    layers = int(gguf.GGUFReader(str(files[outtype])).fields["glm-dsa.block_count"].contents())
+    filled = converter_fills_in_indexer_types(reference_dir(root / "source.gguf"))
+    ours = make_tiny(tmp_path / "ours.gguf", quant=outtype, seed=0, write_reference=False,
+                     **({"indexer_types": "F" * (layers - 1)} if filled else {}))[0]   # the MTP layer has none
     real_tensors, real_keys = _layout(files[outtype])
     our_tensors, our_keys = _layout(ours)
     assert [t[0] for t in our_tensors].index("blk.0.attn_kv_a_mqa.weight") < \
