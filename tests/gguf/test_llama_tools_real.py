@@ -113,8 +113,9 @@ def test_the_shim_loads_the_converters_files(llama_real):
 
 def test_iq_experts_on_vllms_kernels_refuse_a_batch_vllms_grid_cannot_launch(llama_real):
     """llama-quantize's IQ2_XXS file with GLM5_SHIM_GGUF_KERNELS=vllm: vLLM's vector MoE kernel launches tokens x
-    top-k (2 here) blocks on a grid axis of at most 65 535, so --max-num-batched-tokens 32 768 is refused in the front
-    end, naming the file and the limit; 32 767 passes, and so does 32 768 on the shim's kernels."""
+    top-k (2 here) blocks on a grid axis of at most 65 535, so a step of 32 768 batched tokens is refused in the front
+    end, naming the file and the limit; 32 767 passes, and so does 32 768 on the shim's kernels.  (vLLM's CPU platform
+    sets an MLA model's batched tokens to its max_model_len, so the cases set that.)"""
     import subprocess
     import sys
 
@@ -124,11 +125,12 @@ def test_iq_experts_on_vllms_kernels_refuse_a_batch_vllms_grid_cannot_launch(lla
     if "IQ2_XXS" not in files:
         assert not in_ci(), "CI builds llama-quantize: its IQ2_XXS file must be here"
         pytest.skip("llama-quantize and llama-imatrix are not built here")
-    cases = [{"model": str(files["IQ2_XXS"]), "max_num_batched_tokens": n} for n in (32768, 32767)]
+    cases = [{"model": str(files["IQ2_XXS"]), "max_model_len": n, "max_num_batched_tokens": n} for n in (32768, 32767)]
     out = {}
     for kernels in ("vllm", "shim"):
         proc = subprocess.run([sys.executable, str(REPO / "tests" / "vllm_cpu_harness.py"), "configs",
-                               json.dumps(cases)], env=child_env({"GLM5_SHIM_GGUF_KERNELS": kernels}),
+                               json.dumps(cases)], env=child_env({"GLM5_SHIM_GGUF_KERNELS": kernels,
+                                                                 "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}),
                               capture_output=True, text=True, timeout=900, cwd=str(REPO))
         out[kernels] = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
         assert len(out[kernels]) == 2, proc.stderr[-3000:]
