@@ -43,7 +43,8 @@ def _drafted_then_prompt_logprobs(runner, hidden, patched: bool):
 
     # the replacement's wrapper around a stand-in for the stock drafter (the real one needs a GPU and a model)
     propose = keeping_prompt_hidden_states(drafter_in_the_pool) if patched else drafter_in_the_pool
-    propose(runner, None, torch.zeros(1, 1, dtype=torch.int32), None, hidden, None, None, None, None, None)
+    scheduled = SimpleNamespace(total_num_scheduled_tokens=len(PROMPT))   # the rest of hidden: graph padding
+    propose(runner, scheduled, torch.zeros(1, 1, dtype=torch.int32), None, hidden, None, None, None, None, None)
     out = runner._get_prompt_logprobs_dict(hidden[: len(PROMPT)], {"r": len(PROMPT)})
     return out["r"].logprobs[:, 0]   # the log-prob of each next prompt token
 
@@ -71,6 +72,15 @@ def test_prompt_logprobs_come_from_the_hidden_states_before_the_drafter(lm_head)
 
         got = _drafted_then_prompt_logprobs(_runner(GPUModelRunner, lm_head), hidden.clone(), patched=True)
         assert torch.allclose(got.double(), want, atol=1e-5), (got, want)
+        # the installed method around vLLM's own drafter call: it keeps the scheduled rows, then runs the stock method
+        # (which, on this bare runner, stops at the first attribute a real drafter needs)
+        runner = _runner(GPUModelRunner, lm_head)
+        with pytest.raises(AttributeError):
+            GPUModelRunner.propose_draft_token_ids(runner, SimpleNamespace(total_num_scheduled_tokens=len(PROMPT)),
+                                                   torch.zeros(1, 1, dtype=torch.int32), None, hidden, None, None,
+                                                   None, None, None)
+        pool, copy = runner.__dict__[_KEPT]
+        assert pool is hidden and torch.equal(copy, hidden[: len(PROMPT)]) and copy.data_ptr() != hidden.data_ptr()
         # no request asking for prompt log-probs: nothing is kept, the hidden states are read as they are
         runner = _runner(GPUModelRunner, lm_head)
         runner.num_prompt_logprobs = {}

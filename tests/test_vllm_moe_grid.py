@@ -35,13 +35,16 @@ def _plan(gate_up: str, down: str):
 def test_iq_experts_on_vllms_kernels_are_refused_past_the_grid(monkeypatch):
     monkeypatch.setenv("GLM5_SHIM_GGUF_KERNELS", "vllm")
     line = vllm_moe_grid_problem(_plan("IQ2_XXS", "IQ2_S"), 8192, 8)
-    assert line == ("/models/GLM-5-UD-IQ2_M.gguf: tensor blk.3.ffn_gate_exps.weight (IQ2_XXS) runs on vLLM's GGUF MoE "
-                    "vector kernel (GLM5_SHIM_GGUF_KERNELS=vllm), whose launch grid takes at most 65535 routed tokens "
-                    "a step, but --max-num-batched-tokens 8192 x 8 experts a token is 65536; pass "
-                    "--max-num-batched-tokens 8191 or less, or leave GLM5_SHIM_GGUF_KERNELS unset for the shim's "
-                    "kernels")
+    assert line == ("/models/GLM-5-UD-IQ2_M.gguf: the MoE of blk.3 runs on vLLM's GGUF kernels "
+                    "(GLM5_SHIM_GGUF_KERNELS=vllm), and with blk.3.ffn_gate_exps.weight in IQ2_XXS on their vector "
+                    "kernel, whose launch grid takes at most 65535 routed tokens a step, but --max-num-batched-tokens "
+                    "8192 x 8 experts a token is 65536; pass --max-num-batched-tokens 8191 or less, or leave "
+                    "GLM5_SHIM_GGUF_KERNELS unset for the shim's kernels")
     assert vllm_moe_grid_problem(_plan("IQ2_XXS", "IQ2_S"), 8191, 8) is None
     assert vllm_moe_grid_problem(_plan("Q4_K", "Q6_K"), 65536, 8) is None   # vLLM's tile kernel past 64 tokens
+    # one vector-only type sends the whole MoE there: the line names that one, not the tile-type partner
+    assert "with blk.3.ffn_down_exps.weight in IQ4_XS on their vector kernel" in \
+        vllm_moe_grid_problem(_plan("Q4_K", "IQ4_XS"), 8192, 8)
 
 
 @pytest.mark.parametrize("env", [None, "shim"])
@@ -51,3 +54,17 @@ def test_on_the_shims_kernels_nothing_is_limited(monkeypatch, env):
     else:
         monkeypatch.setenv("GLM5_SHIM_GGUF_KERNELS", env)
     assert vllm_moe_grid_problem(_plan("IQ2_XXS", "IQ2_S"), 65536, 8) is None
+    assert vllm_moe_grid_problem(_plan("IQ2_XXS", "IQ2_S"), 65536, 8, tp=2) is None   # down's K 256 a rank
+
+
+def test_moes_the_shim_hands_to_vllm_are_limited_too(monkeypatch):
+    """float32 activations (vLLM's GGUF runs them, the shim's MoE does not), and a down projection whose per-rank
+    width is no whole number of 256-value super-blocks (512 / TP 4 = 128: the shim's kernels do not take it)."""
+    monkeypatch.delenv("GLM5_SHIM_GGUF_KERNELS", raising=False)
+    line = vllm_moe_grid_problem(_plan("IQ2_XXS", "IQ2_S"), 8192, 8, acts_16bit=False)
+    assert "(float32 activations: the shim's kernels take bf16 or fp16)" in line and line.endswith(
+        "8191 or less, or serve in bfloat16")
+    line = vllm_moe_grid_problem(_plan("IQ2_XXS", "Q8_0"), 8192, 8, tp=4)
+    assert "(the shim's kernels do not cover blk.3.ffn_down_exps.weight (Q8_0))" in line
+    assert "with blk.3.ffn_gate_exps.weight in IQ2_XXS on their vector kernel" in line and line.endswith("or less")
+    assert vllm_moe_grid_problem(_plan("IQ2_XXS", "Q8_0"), 8192, 8, tp=4, expert_parallel=True) is None   # whole K

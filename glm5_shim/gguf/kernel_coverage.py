@@ -100,7 +100,7 @@ MIXED_VLLM_MOE_DECODE_TOKENS = 1
 # (csrc/quantization/gguf/moe_vec.cuh: block_nums(..., 1, tokens * top_k)).  CUDA allows 65 535 there: a step of
 # more routed tokens fails with "CUDA error: invalid argument" (H200, 2026-12-04: a UD-IQ2_M-like GLM-5 slice on
 # vLLM's kernels at vLLM's default 8 192 batched tokens x top-8 = 65 536, in start-up's profile run).
-VLLM_MOE_TILE_TYPES = (int(_T.Q4_0), int(_T.Q4_1), int(_T.Q5_0), int(_T.Q5_1), int(_T.Q8_0), int(_T.Q2_K),
+VLLM_MOE_TILE_TYPES = (int(_T.Q4_0), int(_T.Q4_1), int(_T.Q5_0), int(_T.Q5_1), int(_T.Q8_0), int(_T.Q8_1), int(_T.Q2_K),
                        int(_T.Q3_K), int(_T.Q4_K), int(_T.Q5_K), int(_T.Q6_K))
 VLLM_MOE_VECTOR_MAX_ROUTED = 65535
 

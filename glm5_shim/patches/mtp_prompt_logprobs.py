@@ -63,9 +63,11 @@ def keeping_prompt_hidden_states(stock_propose):
             arguments = signature.bind(self, *args, **kwargs).arguments
             # sampled ids on the GPU: a drafter that runs before the bookkeeping (MTP/EAGLE); as lists, one that runs
             # after it (n-gram on the CPU), when the prompt log-probs are already computed: nothing to keep then
-            if isinstance(arguments["sampled_token_ids"], torch.Tensor):
-                hidden = arguments["hidden_states"]
-                self.__dict__[_KEPT] = (hidden, hidden.clone())
+            hidden = arguments["hidden_states"]
+            if isinstance(arguments["sampled_token_ids"], torch.Tensor) and isinstance(hidden, torch.Tensor):
+                # the scheduled rows only (the bookkeeping reads no more): not the graph's padding
+                rows = getattr(arguments["scheduler_output"], "total_num_scheduled_tokens", None) or hidden.shape[0]
+                self.__dict__[_KEPT] = (hidden, hidden[:rows].clone())
         return stock_propose(self, *args, **kwargs)
 
     return propose_draft_token_ids
@@ -78,7 +80,7 @@ def kept_hidden_states(runner, hidden_states):
         return hidden_states
     pool, copy = kept
     same = (hidden_states.data_ptr() == pool.data_ptr() and hidden_states.shape[1:] == pool.shape[1:]
-            and hidden_states.stride() == pool.stride() and hidden_states.shape[0] <= pool.shape[0])
+            and hidden_states.stride() == pool.stride() and hidden_states.shape[0] <= copy.shape[0])
     return copy[: hidden_states.shape[0]] if same else hidden_states
 
 

@@ -35,11 +35,14 @@ def check_tp_split(vllm_config) -> None:
 def check_vllm_moe_grid(vllm_config) -> None:
     """Raise GGUFError (one line) when a step of --max-num-batched-tokens would route more tokens through vLLM's own
     GGUF MoE kernel than its launch grid takes, for the target's experts or its MTP draft's."""
+    import torch
+
     from glm5_shim.names import HF_MODEL_TYPE, HF_MTP_MODEL_TYPE
 
     tokens = getattr(getattr(vllm_config, "scheduler_config", None), "max_num_batched_tokens", None)
     if not tokens:
         return
+    parallel = vllm_config.parallel_config
     spec = getattr(vllm_config, "speculative_config", None)
     for model_config, model_type, draft in ((vllm_config.model_config, HF_MODEL_TYPE, False),
                                             (getattr(spec, "draft_model_config", None), HF_MTP_MODEL_TYPE, True)):
@@ -52,38 +55,57 @@ def check_vllm_moe_grid(vllm_config) -> None:
         from glm5_shim.gguf.errors import GGUFError
         from glm5_shim.loading.gguf_loading import load_plan_for
 
-        problem = vllm_moe_grid_problem(load_plan_for(model_config.model, draft=draft), tokens,
-                                        int(model_config.hf_config.num_experts_per_tok))
+        problem = vllm_moe_grid_problem(
+            load_plan_for(model_config.model, draft=draft), tokens, int(model_config.hf_config.num_experts_per_tok),
+            acts_16bit=model_config.dtype in (torch.float16, torch.bfloat16), tp=parallel.tensor_parallel_size,
+            expert_parallel=bool(parallel.enable_expert_parallel))
         if problem:
             raise GGUFError(f"glm5-shim: {problem}")
 
 
-def vllm_moe_grid_problem(plan, tokens: int, top_k: int) -> str | None:
-    """The line that says why ``tokens`` a step is too many for vLLM's MoE kernel on this plan's experts, if so."""
+def vllm_moe_grid_problem(plan, tokens: int, top_k: int, *, acts_16bit: bool = True, tp: int = 1,
+                          expert_parallel: bool = False) -> str | None:
+    """The line that says why ``tokens`` a step is too many for vLLM's MoE kernel on this plan's experts, if so.  A
+    MoE layer runs on vLLM's kernels when the shim's are switched off, the activations are not 16-bit (the shim's
+    MoE takes bf16/fp16 only; vLLM's GGUF also runs float32), or one of its weights is a type or width (per rank:
+    down's K is the intermediate size over the TP size) the shim's kernels do not cover (matmul/gguf_ops)."""
     import re
 
     import gguf
 
     from glm5_shim import settings
-    from glm5_shim.gguf.kernel_coverage import VLLM_MOE_VECTOR_MAX_ROUTED, kernel_path, vllm_moe_max_tokens
+    from glm5_shim.gguf.kernel_coverage import (VLLM_MOE_TILE_TYPES, VLLM_MOE_VECTOR_MAX_ROUTED, shim_kernel_covers,
+                                                vllm_moe_max_tokens)
 
-    shim = settings.gguf_kernels_choice() == "shim"
+    switched_off = settings.gguf_kernels_choice() != "shim"
     layers: dict[str, list] = {}
     for t in plan.tensors:
         if t.vllm_type is not None and re.search(r"\.ffn_(gate|up|down)_exps\.weight$", t.gguf_name):
             layers.setdefault(t.gguf_name.rsplit(".ffn_", 1)[0], []).append(t)
     for experts in layers.values():
         types = [int(gguf.GGMLQuantizationType[t.vllm_type]) for t in experts]
-        on_vllm = [t for t, q in zip(experts, types) if kernel_path(q, t.info.shape[-1], shim) == "vllm"]
         limit = vllm_moe_max_tokens(top_k, *types)
-        if on_vllm and limit is not None and tokens > limit:
-            t = on_vllm[0]
-            why = "GLM5_SHIM_GGUF_KERNELS=vllm" if not shim else "the shim's kernels do not cover it"
-            return (f"{plan.model.path}: tensor {t.gguf_name} ({t.vllm_type}) runs on vLLM's GGUF MoE vector kernel "
-                    f"({why}), whose launch grid takes at most {VLLM_MOE_VECTOR_MAX_ROUTED} routed tokens a step, "
-                    f"but --max-num-batched-tokens {tokens} x {top_k} experts a token is {tokens * top_k}; pass "
-                    f"--max-num-batched-tokens {limit} or less" + (", or leave GLM5_SHIM_GGUF_KERNELS unset for "
-                                                                   "the shim's kernels" if not shim else ""))
+        if limit is None or tokens <= limit:
+            continue
+        split = 1 if expert_parallel else tp
+        uncovered = [t for t, q in zip(experts, types)
+                     if not shim_kernel_covers(q, t.info.shape[-1] // (split if "ffn_down" in t.gguf_name else 1))]
+        if switched_off:
+            why = "GLM5_SHIM_GGUF_KERNELS=vllm"
+        elif not acts_16bit:
+            why = "float32 activations: the shim's kernels take bf16 or fp16"
+        elif uncovered:
+            why = f"the shim's kernels do not cover {uncovered[0].gguf_name} ({uncovered[0].vllm_type})"
+        else:
+            continue
+        cause = next(t for t, q in zip(experts, types) if q not in VLLM_MOE_TILE_TYPES)
+        hint = (", or leave GLM5_SHIM_GGUF_KERNELS unset for the shim's kernels" if switched_off and not uncovered
+                else ", or serve in bfloat16" if why.startswith("float32") and not uncovered else "")
+        return (f"{plan.model.path}: the MoE of {cause.gguf_name.rsplit('.ffn_', 1)[0]} runs on vLLM's GGUF kernels "
+                f"({why}), and with {cause.gguf_name} in {cause.vllm_type} on their vector kernel, whose launch grid "
+                f"takes at most {VLLM_MOE_VECTOR_MAX_ROUTED} routed tokens a step, but --max-num-batched-tokens "
+                f"{tokens} x {top_k} experts a token is {tokens * top_k}; pass --max-num-batched-tokens {limit} or "
+                f"less{hint}")
     return None
 
 

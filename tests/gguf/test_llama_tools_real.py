@@ -135,8 +135,10 @@ def test_iq_experts_on_vllms_kernels_refuse_a_batch_vllms_grid_cannot_launch(lla
         out[kernels] = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
         assert len(out[kernels]) == 2, proc.stderr[-3000:]
     refused, allowed = out["vllm"]
-    assert not refused["ok"] and refused["error"].startswith(f"GGUFError: glm5-shim: {files['IQ2_XXS']}: tensor blk.")
-    assert "(IQ2_XXS) runs on vLLM's GGUF MoE vector kernel" in refused["error"]
+    assert not refused["ok"]
+    assert refused["error"].startswith(f"GGUFError: glm5-shim: {files['IQ2_XXS']}: the MoE of blk.")
+    assert "runs on vLLM's GGUF kernels (GLM5_SHIM_GGUF_KERNELS=vllm)" in refused["error"]
+    assert "in IQ2_XXS on their vector kernel" in refused["error"]
     assert "--max-num-batched-tokens 32768 x 2 experts a token is 65536; pass --max-num-batched-tokens 32767" in \
         refused["error"] and "\n" not in refused["error"]
     assert allowed["ok"], allowed
