@@ -134,7 +134,9 @@ def test_agreement_summary_and_report():
 
 def test_the_whole_run_on_stand_in_servers(tmp_path):
     """`bench/e2e.py all` end to end with launch.sh swapped for the stand-in: models written, two servers started
-    and stopped, every phase recorded, the report written; the reference step's failure is reported, not fatal."""
+    and stopped, every phase recorded, the report written.  The float32 reference step scores the stand-in's tokens
+    where transformers has GlmMoeDsaForCausalLM (5.x, what pip resolves for vLLM 0.23 since December 2026); under
+    transformers 4.57 it cannot, and its failure is reported, not fatal."""
     out = tmp_path / "run"
     env = dict(__import__("os").environ, GLM5_E2E_LAUNCH=str(REPO / "tests" / "fake_launch.sh"))
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "e2e.py"), "all", "--out", str(out),
@@ -157,10 +159,17 @@ def test_the_whole_run_on_stand_in_servers(tmp_path):
     assert shim["repeatability"]["sparse_1500"]["distinct_answers"] == 1
     assert shim["bad_requests"]["next_request_same_tokens"]
     assert (out / "models" / "tiny-Q8_0.gguf").exists() and (out / "models" / "tiny-Q8_0.reference").is_dir()
-    assert "reference" in res or "reference_error" in res
     md = (out / "e2e.md").read_text()
     assert "## Greedy agreement" in md and "## Load on shim-q80-bf16" in md and "## Throughput" in md
-    assert "## Repeatability" in md and "## Float32 reference: failed" in md
+    assert "## Repeatability" in md
+    try:
+        from transformers import GlmMoeDsaForCausalLM  # noqa: F401
+    except ImportError:
+        assert "reference_error" in res and "## Float32 reference: failed" in md
+    else:
+        assert "reference_error" not in res, res["reference_error"]
+        assert set(res["reference"]) == {"shim-q80-bf16", "native-q80-bf16"}
+        assert "## Against the float32 reference" in md
 
 
 def test_throughput_ratio_uses_the_warm_passes():
