@@ -23,12 +23,21 @@ def test_the_limit_by_expert_types():
 
 
 def _plan(gate_up: str, down: str):
-    """The part of a load plan the rule reads: one MoE layer of a TP-8 GLM-5 rank's expert shapes."""
-    tensors = [SimpleNamespace(gguf_name=f"blk.3.ffn_{p}_exps.weight", vllm_type=t, info=SimpleNamespace(shape=s))
-               for p, t, s in (("gate", gate_up, (256, 512, 6144)), ("up", gate_up, (256, 512, 6144)),
-                               ("down", down, (256, 6144, 512)))]
-    tensors.append(SimpleNamespace(gguf_name="blk.3.attn_q_a.weight", vllm_type="IQ2_XXS",
-                                   info=SimpleNamespace(shape=(2048, 6144))))   # not an expert: never counted
+    """The part of a load plan the rule reads (names, types, shapes, the tensor table's role, block and split): one
+    MoE layer of 256 experts on GLM-5's hidden width 6144 with an intermediate width of 512, whole (as a file stores
+    it; a rank of TP n gets 512 / n of down's K)."""
+    from glm5_shim.gguf.tensor_map import ROLE_EXPERTS, ROLE_NORMAL, TP_COLUMN, TP_ROW
+
+    def tensor(name, type_name, shape, role, split):
+        return SimpleNamespace(gguf_name=name, vllm_type=type_name, info=SimpleNamespace(shape=shape),
+                               spec=SimpleNamespace(base_role=role, layer=3, tp_split=split))
+
+    tensors = [tensor(f"blk.3.ffn_{p}_exps.weight", t, s, ROLE_EXPERTS, split)
+               for p, t, s, split in (("gate", gate_up, (256, 512, 6144), TP_COLUMN),
+                                      ("up", gate_up, (256, 512, 6144), TP_COLUMN),
+                                      ("down", down, (256, 6144, 512), TP_ROW))]
+    # not an expert: never counted
+    tensors.append(tensor("blk.3.attn_q_a.weight", "IQ2_XXS", (2048, 6144), ROLE_NORMAL, TP_COLUMN))
     return SimpleNamespace(tensors=tensors, model=SimpleNamespace(path="/models/GLM-5-UD-IQ2_M.gguf"))
 
 

@@ -18,18 +18,28 @@ from glm5_shim.registry import Patch, require_attr, require_params
 _TARGET = "vllm.engine.arg_utils"
 
 
-def check_tp_split(vllm_config) -> None:
-    """Raise GGUFError (one line) when this config's GGUF cannot be split at its tensor-parallel size: the target
-    model's weights, then those of its MTP draft (--speculative-config method mtp) at the draft's size."""
+def _served_glm_ggufs(vllm_config):
+    """(model config, its parallel config, draft?) for the target model and its MTP draft (--speculative-config
+    method mtp, at the draft's parallel size), each where it is a glm-dsa GGUF."""
+    from glm5_shim.loading.hf_config import is_glm_dsa_gguf
     from glm5_shim.names import HF_MODEL_TYPE, HF_MTP_MODEL_TYPE
 
     parallel = vllm_config.parallel_config
-    _check_one(vllm_config.model_config, parallel, HF_MODEL_TYPE, draft=False)
     spec = getattr(vllm_config, "speculative_config", None)
-    draft_config = getattr(spec, "draft_model_config", None)
-    if draft_config is not None:
-        _check_one(draft_config, getattr(spec, "draft_parallel_config", None) or parallel, HF_MTP_MODEL_TYPE,
-                   draft=True)
+    for model_config, model_parallel, model_type, draft in (
+            (vllm_config.model_config, parallel, HF_MODEL_TYPE, False),
+            (getattr(spec, "draft_model_config", None), getattr(spec, "draft_parallel_config", None) or parallel,
+             HF_MTP_MODEL_TYPE, True)):
+        if (getattr(getattr(model_config, "hf_config", None), "model_type", None) == model_type
+                and is_glm_dsa_gguf(model_config.model)):
+            yield model_config, model_parallel, draft
+
+
+def check_tp_split(vllm_config) -> None:
+    """Raise GGUFError (one line) when this config's GGUF cannot be split at its tensor-parallel size: the target
+    model's weights, then those of its MTP draft (--speculative-config method mtp) at the draft's size."""
+    for model_config, parallel, draft in _served_glm_ggufs(vllm_config):
+        _check_one(model_config, parallel, draft=draft)
 
 
 def check_vllm_moe_grid(vllm_config) -> None:
@@ -37,24 +47,13 @@ def check_vllm_moe_grid(vllm_config) -> None:
     GGUF MoE kernel than its launch grid takes, for the target's experts or its MTP draft's."""
     import torch
 
-    from glm5_shim.names import HF_MODEL_TYPE, HF_MTP_MODEL_TYPE
+    from glm5_shim.gguf.errors import GGUFError
+    from glm5_shim.loading.gguf_loading import load_plan_for
 
     tokens = getattr(getattr(vllm_config, "scheduler_config", None), "max_num_batched_tokens", None)
     if not tokens:
         return
-    parallel = vllm_config.parallel_config
-    spec = getattr(vllm_config, "speculative_config", None)
-    for model_config, model_type, draft in ((vllm_config.model_config, HF_MODEL_TYPE, False),
-                                            (getattr(spec, "draft_model_config", None), HF_MTP_MODEL_TYPE, True)):
-        if getattr(getattr(model_config, "hf_config", None), "model_type", None) != model_type:
-            continue
-        from glm5_shim.loading.hf_config import is_glm_dsa_gguf
-
-        if not is_glm_dsa_gguf(model_config.model):
-            continue
-        from glm5_shim.gguf.errors import GGUFError
-        from glm5_shim.loading.gguf_loading import load_plan_for
-
+    for model_config, parallel, draft in _served_glm_ggufs(vllm_config):
         problem = vllm_moe_grid_problem(
             load_plan_for(model_config.model, draft=draft), tokens, int(model_config.hf_config.num_experts_per_tok),
             acts_16bit=model_config.dtype in (torch.float16, torch.bfloat16), tp=parallel.tensor_parallel_size,
@@ -69,27 +68,26 @@ def vllm_moe_grid_problem(plan, tokens: int, top_k: int, *, acts_16bit: bool = T
     MoE layer runs on vLLM's kernels when the shim's are switched off, the activations are not 16-bit (the shim's
     MoE takes bf16/fp16 only; vLLM's GGUF also runs float32), or one of its weights is a type or width (per rank:
     down's K is the intermediate size over the TP size) the shim's kernels do not cover (matmul/gguf_ops)."""
-    import re
-
     import gguf
 
     from glm5_shim import settings
     from glm5_shim.gguf.kernel_coverage import (VLLM_MOE_TILE_TYPES, VLLM_MOE_VECTOR_MAX_ROUTED, shim_kernel_covers,
                                                 vllm_moe_max_tokens)
+    from glm5_shim.gguf.tensor_map import ROLE_EXPERTS, TP_ROW
 
     switched_off = settings.gguf_kernels_choice() != "shim"
-    layers: dict[str, list] = {}
+    layers: dict[int, list] = {}   # the routed experts' tensors (gate, up, down) by block, as the tensor table says
     for t in plan.tensors:
-        if t.vllm_type is not None and re.search(r"\.ffn_(gate|up|down)_exps\.weight$", t.gguf_name):
-            layers.setdefault(t.gguf_name.rsplit(".ffn_", 1)[0], []).append(t)
+        if t.vllm_type is not None and t.spec is not None and t.spec.base_role == ROLE_EXPERTS:
+            layers.setdefault(t.spec.layer, []).append(t)
+    split = 1 if expert_parallel else tp   # a rank's share of a row-parallel weight's rows (down's K)
     for experts in layers.values():
         types = [int(gguf.GGMLQuantizationType[t.vllm_type]) for t in experts]
         limit = vllm_moe_max_tokens(top_k, *types)
         if limit is None or tokens <= limit:
             continue
-        split = 1 if expert_parallel else tp
         uncovered = [t for t, q in zip(experts, types)
-                     if not shim_kernel_covers(q, t.info.shape[-1] // (split if "ffn_down" in t.gguf_name else 1))]
+                     if not shim_kernel_covers(q, t.info.shape[-1] // (split if t.spec.tp_split == TP_ROW else 1))]
         if switched_off:
             why = "GLM5_SHIM_GGUF_KERNELS=vllm"
         elif not acts_16bit:
@@ -109,16 +107,10 @@ def vllm_moe_grid_problem(plan, tokens: int, top_k: int, *, acts_16bit: bool = T
     return None
 
 
-def _check_one(model_config, parallel, model_type: str, *, draft: bool) -> None:
-    if getattr(getattr(model_config, "hf_config", None), "model_type", None) != model_type:
-        return
+def _check_one(model_config, parallel, *, draft: bool) -> None:
     tp, ep = parallel.tensor_parallel_size, bool(parallel.enable_expert_parallel)
     if tp <= 1:
         return  # nothing is split
-    from glm5_shim.loading.hf_config import is_glm_dsa_gguf
-
-    if not is_glm_dsa_gguf(model_config.model):
-        return
     from glm5_shim.loading.gguf_loading import load_plan_for
     from glm5_shim.gguf.errors import GGUFError
     from glm5_shim.gguf.tp_split import clean_tp_sizes, split_problems
