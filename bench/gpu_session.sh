@@ -72,7 +72,8 @@ if [[ " $steps " == *" bench "* ]]; then
   fi
   if [[ " ${BENCHES:-sparse_mla indexer} " == *" gguf "* ]]; then
     log "gguf_matmul ${GGUF_ARGS:-}"
-    timeout ${GGUF_TIMEOUT:-600} python bench/gguf_matmul.py --out /tmp/bench_gguf ${GGUF_ARGS:-} \
+    # SIGINT, so the bench writes the rows it has (its finally block) when the time runs out
+    timeout -s INT -k 20 ${GGUF_TIMEOUT:-600} python bench/gguf_matmul.py --out /tmp/bench_gguf ${GGUF_ARGS:-} \
       > "$OUT/gguf_matmul.log" 2>&1
     cp /tmp/bench_gguf/gguf_matmul.md /tmp/bench_gguf/gguf_matmul.json "$OUT/" 2>/dev/null
   fi

@@ -205,8 +205,19 @@ def step_cost(results: dict, name: str, concurrency: str) -> dict | None:
     cost = sum(mine.values()) / sum(theirs.values())
     m = arm.get("throughput", {}).get(concurrency, {}).get("metrics", {})
     accepted = m["accepted"] / m["drafts"] if m.get("drafts") else None
+    # wall time a step inside the profiled window (first kernel to last over the steps): against the kernel time it
+    # shows how much of a step the GPU waits for the host (the profiler slows the host too, so both arms are
+    # compared under it)
+    spans = [_step_span_us(a.get("profile", {}).get(concurrency, {})) for a in (base, arm)]
     return {"by_group": {g: (theirs.get(g, 0.0), mine.get(g, 0.0)) for g in mine}, "cost": cost,
-            "accepted_per_step": accepted, "allowed": (1 + accepted) / cost if accepted is not None else None}
+            "accepted_per_step": accepted, "allowed": (1 + accepted) / cost if accepted is not None else None,
+            "span_us": spans if None not in spans else None,
+            "kernel_us": (sum(theirs.values()), sum(mine.values()))}
+
+
+def _step_span_us(profile: dict) -> float | None:
+    steps, span = profile.get("steps"), profile.get("gpu_span_us")
+    return span / steps if steps and span else None
 
 
 def profile_lines(results: dict) -> list[str]:
@@ -227,6 +238,10 @@ def profile_lines(results: dict) -> list[str]:
                      f"{allowed})", "", "| group | K=0 | K | x |", "|---|---|---|---|"]
             rows += [f"| {g} | {a:.1f} | {b:.1f} | {'x%.2f' % (b / a) if a else '-'} |"
                      for g, (a, b) in sc["by_group"].items()]
+            if sc["span_us"]:
+                (a, b), (ka, kb) = sc["span_us"], sc["kernel_us"]
+                rows += [f"| **step wall µs** (profiled window ÷ steps) | {a:.1f} | {b:.1f} | x{b / a:.2f} |",
+                         f"| GPU busy (kernels ÷ wall) | {100 * ka / a:.0f} % | {100 * kb / b:.0f} % | |"]
     return rows
 
 
@@ -326,10 +341,20 @@ def run(args) -> int:
             extra += profiler_flags(trace_dir(out, arm))
         start(arm, models, out, args.tp, args.dtype, extra)
     try:
+        # Every server is up before any is timed: a server still compiling or capturing graphs takes the host's
+        # cores, and a timed arm's steps are host-bound at low concurrency (session 15 measured K=0's first-token
+        # time doubled and K=3's steps 1.5x longer while the other arms started).
+        not_ready = {}
+        for arm in arms:
+            try:
+                wait_ready(arm, args.start_timeout)
+            except Exception as exc:  # noqa: BLE001 - the other arms still run
+                not_ready[arm.name] = f"{type(exc).__name__}: {exc}"
         for arm in arms:
             entry = results["arms"][arm.name] = {"model": arm.quant, "path": arm.path, "k": arm.k}
             try:
-                wait_ready(arm, args.start_timeout)
+                if arm.name in not_ready:
+                    raise RuntimeError(not_ready[arm.name])
                 before = parse_spec_metrics(_metrics(arm))
                 t0 = time.time()
                 entry["greedy"] = {name: _greedy(arm, text) for name, text in prompts().items()}

@@ -194,3 +194,20 @@ def test_the_profiled_step_cost_and_the_speed_up_it_allows():
     assert "cost x1.50; accepted 0.80 a step: speed-up at most x1.20" in text
     assert "| gguf_moe | 100.0 | 190.0 | x1.90 |" in text
     assert "concurrency 32: no step cost (no trace)" in text
+    assert "step wall" not in text  # no steps counted in these profiles: no wall time to show
+
+
+def test_the_profiled_step_wall_time_shows_how_long_the_gpu_waits():
+    """A profile that counted its steps and its GPU span gives the wall time a step, and the kernels' share of it:
+    K=0 200 µs of kernels in 250 µs steps (80 % busy); K=1 300 µs in 500 µs (60 %), x2.00 the wall time."""
+    results = {"arms": {
+        "slice-peaked-mtp-shim-k0": {"model": "slice-peaked-mtp", "path": "shim", "k": 0, "profile": {"1": {
+            "per_step_us": {"gguf_moe": 150.0, "other": 50.0}, "steps": 40, "gpu_span_us": 10_000.0}}},
+        "slice-peaked-mtp-shim-k1": {"model": "slice-peaked-mtp", "path": "shim", "k": 1, "profile": {"1": {
+            "per_step_us": {"gguf_moe": 240.0, "other": 60.0}, "steps": 20, "gpu_span_us": 10_000.0}}},
+    }}
+    sc = mtp.step_cost(results, "slice-peaked-mtp-shim-k1", "1")
+    assert sc["span_us"] == [250.0, 500.0] and sc["kernel_us"] == (200.0, 300.0)
+    text = "\n".join(mtp.profile_lines(results))
+    assert "| **step wall µs** (profiled window ÷ steps) | 250.0 | 500.0 | x2.00 |" in text
+    assert "| GPU busy (kernels ÷ wall) | 80 % | 60 % | |" in text
