@@ -242,6 +242,28 @@ def profile_lines(results: dict) -> list[str]:
                 (a, b), (ka, kb) = sc["span_us"], sc["kernel_us"]
                 rows += [f"| **step wall µs** (profiled window ÷ steps) | {a:.1f} | {b:.1f} | x{b / a:.2f} |",
                          f"| GPU busy (kernels ÷ wall) | {100 * ka / a:.0f} % | {100 * kb / b:.0f} % | |"]
+            rows += host_lines(results, name, c)
+    return rows
+
+
+def host_lines(results: dict, name: str, concurrency: str) -> list[str]:
+    """Markdown: the host side of a step of arm `name` against its K=0 arm's, from the same profiles (slice_parts'
+    group_trace): the step annotations' time and the CUDA calls a step (µs, calls) by name, the union of both
+    arms' most costly calls.  Eager kernel launches (cudaLaunchKernel) and waits for the GPU (*Synchronize) are
+    what a draft step adds on the host."""
+    arm = results["arms"][name]
+    base = results["arms"].get(arm_name(arm["model"], arm["path"], 0), {})
+    mine, theirs = (a.get("profile", {}).get(concurrency, {}) for a in (arm, base))
+    if not mine.get("runtime_per_step") or not theirs.get("runtime_per_step"):
+        return []
+    rows = ["", f"{name}, concurrency {concurrency}: host side a step (µs, calls), K=0 → K={arm['k']}", "",
+            "| | K=0 | K |", "|---|---|---|"]
+    if mine.get("host_step_us") is not None and theirs.get("host_step_us") is not None:
+        rows.append(f"| step annotation µs | {theirs['host_step_us']:.1f} | {mine['host_step_us']:.1f} |")
+    calls = list(dict.fromkeys([*theirs["runtime_per_step"], *mine["runtime_per_step"]]))
+    cell = lambda v: f"{v[0]:.1f} ({v[1]:g})" if v else "-"  # noqa: E731
+    rows += [f"| {call} | {cell(theirs['runtime_per_step'].get(call))} | {cell(mine['runtime_per_step'].get(call))} |"
+             for call in calls]
     return rows
 
 

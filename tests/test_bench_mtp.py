@@ -211,3 +211,24 @@ def test_the_profiled_step_wall_time_shows_how_long_the_gpu_waits():
     text = "\n".join(mtp.profile_lines(results))
     assert "| **step wall µs** (profiled window ÷ steps) | 250.0 | 500.0 | x2.00 |" in text
     assert "| GPU busy (kernels ÷ wall) | 80 % | 60 % | |" in text
+    assert "host side a step" not in text  # these profiles carry no CUDA calls
+
+
+def test_the_host_side_of_a_step_lists_both_arms_cuda_calls():
+    """The CUDA calls a step of each arm (slice_parts' group_trace: µs and calls a step), the union of both lists;
+    a call only one arm made shows '-' on the other side."""
+    base = {"per_step_us": {"other": 10.0}, "host_step_us": 900.0,
+            "runtime_per_step": {"cudaGraphLaunch": [40.0, 1.0], "cudaLaunchKernel": [20.0, 4.0]}}
+    spec = {"per_step_us": {"other": 12.0}, "host_step_us": 1500.0,
+            "runtime_per_step": {"cudaLaunchKernel": [300.0, 60.0], "cudaStreamSynchronize": [2500.0, 2.0],
+                                 "cudaGraphLaunch": [80.0, 2.0]}}
+    results = {"arms": {
+        "slice-peaked-mtp-shim-k0": {"model": "slice-peaked-mtp", "path": "shim", "k": 0, "profile": {"1": base}},
+        "slice-peaked-mtp-shim-k1": {"model": "slice-peaked-mtp", "path": "shim", "k": 1, "profile": {"1": spec}},
+    }}
+    text = "\n".join(mtp.profile_lines(results))
+    assert "slice-peaked-mtp-shim-k1, concurrency 1: host side a step (µs, calls), K=0 → K=1" in text
+    assert "| step annotation µs | 900.0 | 1500.0 |" in text
+    assert "| cudaLaunchKernel | 20.0 (4) | 300.0 (60) |" in text
+    assert "| cudaStreamSynchronize | - | 2500.0 (2) |" in text
+    assert text.index("| cudaGraphLaunch |") < text.index("| cudaLaunchKernel |") < text.index("| cudaStreamSync")

@@ -148,6 +148,9 @@ def test_a_trace_is_grouped_per_step(tmp_path):
     assert g["total_us"] == 107.0 and g["gpu_span_us"] == 302 - 20
     assert g["other_kinds"] == {"gemm (cuBLAS/CUTLASS)": 5.0}
     assert g["top"]["gguf_dense"][0] == ["nvjet_tst_256x128_64x4_1x2_h_bz_coopA_NNT", 30.0, 1]
+    # the host side: the step annotations' time, and the CUDA calls a step by name, most time first
+    assert g["host_step_us"] == 100.0
+    assert g["runtime_per_step"] == {"cudaLaunchKernel": [3.0, 1.5], "cudaGraphLaunch": [1.5, 0.5]}
     # the file forms vLLM's profiler writes (gzip) load the same
     path = tmp_path / "dp0_pp0_tp0.123.pt.trace.json.gz"
     with gzip.open(path, "wt") as f:

@@ -127,6 +127,8 @@ def group_trace(trace: dict, step_pattern: str = r"^execute_context_") -> dict:
     ops = defaultdict(list)
     launches = {}
     step_names = defaultdict(int)
+    step_host_us = 0.0
+    runtime = defaultdict(lambda: [0.0, 0])  # CUDA runtime/driver call -> [µs, calls] (the host side of a step)
     step_re = re.compile(step_pattern)
     for e in events:
         if e.get("ph") != "X":
@@ -135,12 +137,15 @@ def group_trace(trace: dict, step_pattern: str = r"^execute_context_") -> dict:
         name = e.get("name", "")
         if cat in ("user_annotation",) and step_re.search(name):
             step_names[name] += 1
+            step_host_us += float(e.get("dur", 0))
         elif cat == "cpu_op":
             for op_cat, pattern in _OP_RULES:
                 if pattern.search(name):
                     ops[e.get("tid")].append((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), op_cat))
                     break
         elif cat == "cuda_runtime" or cat == "cuda_driver":
+            runtime[name][0] += float(e.get("dur", 0))
+            runtime[name][1] += 1
             corr = (e.get("args") or {}).get("correlation")
             if corr is not None:
                 launches[corr] = (e.get("tid"), float(e["ts"]))
@@ -187,7 +192,15 @@ def group_trace(trace: dict, step_pattern: str = r"^execute_context_") -> dict:
             "per_step_us": {k: round(v / steps, 2) for k, v in kernel_us.items()} if steps else {},
             "total_us": round(sum(kernel_us.values()), 1),
             "gpu_span_us": round(last - first, 1) if first is not None else 0.0,
-            "top": dict(top), "other_kinds": {k: round(v, 1) for k, v in other_kinds.items()}}
+            "top": dict(top), "other_kinds": {k: round(v, 1) for k, v in other_kinds.items()},
+            # host side a step: the step annotations' own time, and the CUDA calls by name (eager launches show as
+            # cudaLaunchKernel, waits for the GPU as *Synchronize / blocking copies), most time first
+            "host_step_us": round(step_host_us / steps, 1) if steps else None,
+            "runtime_per_step": {name: [round(us / steps, 1), round(n / steps, 1)] for name, (us, n) in
+                                 sorted(runtime.items(), key=lambda kv: -kv[1][0])[:RUNTIME_TOP]} if steps else {}}
+
+
+RUNTIME_TOP = 8  # CUDA runtime calls kept per trace
 
 
 def _place_by_neighbours(kernels: list[list]) -> None:
