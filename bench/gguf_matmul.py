@@ -468,6 +468,43 @@ def bench_mma_sweep(bw, gen, rows, types=("Q4_K", "Q6_K"), tokens=(1, 32), grid=
         torch.cuda.empty_cache()
 
 
+LOAD_WIDTH_ROWS = 19392   # lm_head's 19 360 rows at TP 8, rounded up to read_floor.PIECE_ROWS
+LOAD_WIDTH_SPLITS = (1, 2, 4)
+
+
+def bench_load_width(bw, gen, rows, types=tuple(read_floor.PIECE_LAYOUTS)):
+    """read_floor.read_pieces on an lm_head-sized weight (K = 6144): each type's code bytes in the file's block
+    layout with the loads the register-MMA kernel makes (2-byte where blocks are 2-byte aligned, else 16-byte) and
+    packed (a repack at load time) with 2- and 16-byte loads, at 1, 2 and 4 programs a row tile.  % of floor: the
+    weight's bytes (file layout: whole blocks, whose cache lines the reads fetch) over the copy bandwidth."""
+    k = HIDDEN
+    for name in types:
+        qt = TYPES[name]
+        file_bytes = gm.row_bytes(qt, k)
+        stride, _, pieces = read_floor.PIECE_LAYOUTS[name]
+        blocks = file_bytes // stride
+        for packed in (False, True):
+            row_bytes = blocks * 16 * pieces if packed else file_bytes
+            one = LOAD_WIDTH_ROWS * row_bytes
+            ws = [torch.randint(0, 256, (LOAD_WIDTH_ROWS, row_bytes), dtype=torch.uint8, device="cuda",
+                                generator=gen) for _ in range(max(2, min(16, -(-2 * L2_BYTES // one))))]
+            st, sk, _ = read_floor.piece_layout(name, packed)
+            for wide in (False, True):
+                if wide and (st % 16 or sk % 16):
+                    continue
+                for splits in LOAD_WIDTH_SPLITS:
+                    outs = [read_floor.read_pieces(w, name, packed, wide, splits) for w in ws]
+                    us = graph_us([lambda w=w, o=o: read_floor.read_pieces(w, name, packed, wide, splits, o)
+                                   for w, o in zip(ws, outs)] * 2)
+                    row = dict(kind="load_width", type=name, layout="packed" if packed else "file",
+                               loads=16 if wide else 2, splits=splits, bytes=one, us=us,
+                               floor_us=one / bw * 1e6, pct_floor=100 * one / bw * 1e6 / us)
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
+            ws = None
+            torch.cuda.empty_cache()
+
+
 def bench_sweep(bw, gen, rows, types=("Q4_K",), prefill_tokens=(1024,), decode_tokens=(1, 32), dense=True):
     """Time alternative launch parameters so the tuning constants in kernels/gguf_matmul.py can be chosen: decode
     shapes at each of ``decode_tokens``, prefill tiles (Q4_K only) at each of ``prefill_tokens``, then (dense) the
@@ -577,6 +614,16 @@ def markdown(rows, bw, device) -> str:
             out.append(f"| {r['layer']} [{r['N']}, {r['K']}] | {r['type']} | {r['T']} | {fmt(r['shim_us'], 1)} | "
                        f"{vg_us} | {fmt(r.get('vllm_bf16_us'), 1)} | {fmt(r['floor_us'], 1)} | "
                        f"{fmt(r['shim_pct_floor'])} | {fmt(r.get('rel_err_vs_bf16'), 4)} |")
+        out.append("")
+    lw = [r for r in rows if r["kind"] == "load_width"]
+    if lw:
+        out += [f"## Load width: code bytes of an lm_head-sized weight [{LOAD_WIDTH_ROWS}, {HIDDEN}] read as the "
+                "register-MMA kernel reads them (bench/read_floor.read_pieces)", "",
+                "| type | layout | loads (bytes) | programs a row tile | MB | µs | floor µs | % floor |",
+                "|---|---|---|---|---|---|---|---|"]
+        for r in lw:
+            out.append(f"| {r['type']} | {r['layout']} | {r['loads']} | {r['splits']} | {r['bytes'] / 1e6:.1f} | "
+                       f"{fmt(r['us'], 1)} | {fmt(r['floor_us'], 1)} | {fmt(r['pct_floor'])} |")
         out.append("")
     rd = [r for r in rows if "read_us" in r]
     if rd:
@@ -694,7 +741,8 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--types", default=",".join(TYPES))
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
-    ap.add_argument("--parts", default="moe8,moe4,dense,crash")
+    ap.add_argument("--parts", default="moe8,moe4,dense,crash",
+                    help="moe8 moe4 dense crash dequant probe profile sweep mma_sweep load_width")
     ap.add_argument("--dense-tokens", default="1,8,32,256,4096")
     ap.add_argument("--tile-rows", action="store_true",
                     help="dense rows 17-64: also time the tile kernel's 16/32/64-row tiles with and without self-sums")
@@ -738,6 +786,8 @@ def main():
         if "dense" in parts:
             bench_dense(types, [int(t) for t in args.dense_tokens.split(",")], bw, peak, gen, vg, rows,
                         tile_rows=args.tile_rows)
+        if "load_width" in parts:
+            bench_load_width(bw, gen, rows, [t for t in types if t in read_floor.PIECE_LAYOUTS])
         if "dequant" in parts:
             bench_dequant(types, gen, rows, bw)
         if "probe" in parts:

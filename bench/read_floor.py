@@ -84,3 +84,89 @@ def read_weight(w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tenso
     out = out if out is not None else weight_checksums(w)
     _read_weight_kernel[(out.numel(),)](words, out, words.numel(), CHUNK=CHUNK_WORDS)
     return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Load width: the code bytes of 2-byte-aligned blocks read as the register-MMA kernel reads them, against the same
+# bytes 16-byte aligned.  kernels/gguf_mma.py gives each thread 16 contiguous code bytes of a row ("a piece"; the 4
+# lanes of a row take 4 consecutive pieces, 8 rows a warp).  Where blocks are 16-byte aligned (Q4_K, 144 B) a piece
+# is one 16-byte load; where they are only 2-byte aligned (Q6_K 210 B, Q8_0 34 B, IQ2_XXS 66 B) it is eight 2-byte
+# loads, each touching 8 rows' cache lines for 64 useful bytes.  read_pieces times both patterns over one weight.
+
+# (block bytes, bytes at the block's start before its codes, 16-byte pieces of codes a block) as the kernels read
+# them: Q4_K's 128 codes after its 16-byte header, Q6_K's 128 low-nibble + 64 high-bit bytes, Q8_0's 32 codes after
+# d, IQ2_XXS's 64 bytes after d
+PIECE_LAYOUTS = {"Q4_K": (144, 16, 8), "Q6_K": (210, 0, 12), "Q8_0": (34, 2, 2), "IQ2_XXS": (66, 2, 4)}
+SLOTS = 4          # consecutive pieces a row's lanes take
+PIECE_ROWS = 64    # rows a program reads (16 a warp, as the MMA kernel's BN with 4 warps)
+
+
+@triton.jit
+def _read_pieces_kernel(w_ptr, out_ptr, row_bytes, pieces_per_row, groups_per_split,
+                        STRIDE: tl.constexpr, SKIP: tl.constexpr, PIECES: tl.constexpr, WIDE: tl.constexpr,
+                        ROWS: tl.constexpr):
+    """XOR of the int32 words of every code piece of ROWS rows x one split of the row's pieces.  Piece q of a row
+    is the 16 bytes at (q // PIECES) STRIDE + SKIP + 16 (q % PIECES); program_id(1) takes groups of SLOTS pieces.
+    WIDE: one 16-byte load a piece (the bytes must be 16-byte aligned); else eight 2-byte loads."""
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    slot = tl.arange(0, 4)
+    row_p = w_ptr + r.to(tl.int64)[:, None] * row_bytes                      # [ROWS, 1]
+    acc = tl.zeros([ROWS, 4], dtype=tl.int32)
+    g0 = tl.program_id(1) * groups_per_split
+    for g in range(g0, g0 + groups_per_split):
+        q = 4 * g + slot                                                     # [4] pieces of this group
+        ok = (q < pieces_per_row)[None, :]
+        piece = row_p + ((q // PIECES) * STRIDE + SKIP + 16 * (q % PIECES))[None, :]   # [ROWS, 4] byte pointers
+        if WIDE:
+            words = tl.multiple_of(piece, [16, 16]).to(tl.pointer_type(tl.int32))[:, :, None] \
+                + tl.arange(0, 4)[None, None, :]
+            acc ^= tl.xor_sum(tl.load(words, mask=ok[:, :, None], other=0), axis=2)
+        else:
+            halves = piece.to(tl.pointer_type(tl.int16))
+            for h in tl.static_range(8):
+                v = tl.load(halves + h, mask=ok, other=0).to(tl.int32) & 0xFFFF
+                acc ^= v << (16 * (h % 2))
+    tl.store(out_ptr + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0), tl.xor_sum(tl.xor_sum(acc, 1), 0))
+
+
+def piece_layout(type_name: str, packed: bool) -> tuple[int, int, int]:
+    """(stride, skip, pieces) of a type's code pieces: as the file lays them out, or (packed) the same code bytes
+    with nothing between them, 16-byte aligned (what a repack at load time would give the kernels)."""
+    stride, skip, pieces = PIECE_LAYOUTS[type_name]
+    return (16 * pieces, 0, pieces) if packed else (stride, skip, pieces)
+
+
+def read_pieces(w: torch.Tensor, type_name: str, packed: bool, wide: bool, splits: int = 1,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """Read the code pieces of every row of w [rows, row bytes] (uint8) laid out as piece_layout(type_name, packed)
+    says, with 16-byte loads (wide) or 2-byte loads; [splits, row programs] int32 XOR checksums."""
+    stride, skip, pieces = piece_layout(type_name, packed)
+    rows, row_bytes = w.shape
+    blocks = row_bytes // stride
+    if blocks * stride != row_bytes:
+        raise ValueError(f"{type_name}: rows of {row_bytes} bytes are not whole {stride}-byte blocks")
+    if wide and (stride % 16 or skip % 16 or row_bytes % 16):
+        raise ValueError(f"{type_name}: {stride}-byte blocks with codes at +{skip} are not 16-byte aligned: "
+                         "2-byte loads only")
+    if rows % PIECE_ROWS:
+        raise ValueError(f"{rows} rows: a multiple of {PIECE_ROWS} is read")
+    groups = triton.cdiv(blocks * pieces, SLOTS)
+    per_split = triton.cdiv(groups, splits)
+    splits = triton.cdiv(groups, per_split)
+    out = out if out is not None else torch.empty(splits, rows // PIECE_ROWS, dtype=torch.int32, device=w.device)
+    _read_pieces_kernel[(rows // PIECE_ROWS, splits)](w, out, row_bytes, blocks * pieces, per_split, STRIDE=stride,
+                                                        SKIP=skip, PIECES=pieces, WIDE=wide, ROWS=PIECE_ROWS)
+    return out
+
+
+def pieces_reference(w: torch.Tensor, type_name: str, packed: bool) -> int:
+    """The XOR of the int32 words of every piece read_pieces reads (on the host)."""
+    import numpy as np
+
+    stride, skip, pieces = piece_layout(type_name, packed)
+    rows, row_bytes = w.shape
+    blocks = row_bytes // stride
+    starts = (torch.arange(blocks)[:, None] * stride + skip + 16 * torch.arange(pieces)[None, :]).reshape(-1)
+    cols = (starts[:, None] + torch.arange(16)[None, :]).reshape(-1)
+    words = w.cpu()[:, cols].contiguous().view(torch.int32).reshape(-1).numpy()
+    return int(np.bitwise_xor.reduce(words))
