@@ -314,6 +314,14 @@ def bench_dense(type_names, tokens, bw, peak, gen, vg, rows, tile_rows=False):
                     row["mma_us"] = graph_us([lambda w=w: gguf_mma.linear(x, w, qt, n, sms, grid_table=table)
                                               for w in ws] * 2)
                     row["mma_pct_floor"] = 100 * row["floor_us"] / row["mma_us"]
+                    if qt == gguf_mma.Q8_0:   # the same bytes packed for 16-byte code loads (gguf_mma.pack_q8_0)
+                        packed = [gguf_mma.pack_q8_0(w) for w in ws]
+                        same = gguf_mma.linear(x, packed[0], qt, n, sms, packed=True)
+                        row["mma_packed_equal"] = bool(torch.equal(same, mine))
+                        row["mma_packed_us"] = graph_us([lambda w=w: gguf_mma.linear(x, w, qt, n, sms, packed=True)
+                                                         for w in packed] * 2)
+                        row["mma_packed_pct_floor"] = 100 * row["floor_us"] / row["mma_packed_us"]
+                        packed = None
                     if t > gguf_mma.TOKENS:   # the same in 8-row programs (each reading the weight)
                         row["mma8_us"] = graph_us([lambda w=w: gguf_mma.linear(x, w, qt, n, sms, grid_table=table,
                                                                                cols=gguf_mma.TOKENS) for w in ws] * 2)
@@ -732,6 +740,17 @@ def markdown(rows, bw, device) -> str:
                        f"{fmt(r['mma_us'], 1)} | {fmt(r.get('mma8_us'), 1)} | {fmt(r.get('vllm_gguf_us'), 1)} | "
                        f"{fmt(r['floor_us'], 1)} | "
                        f"{fmt(r['mma_pct_floor'])} | {fmt(r['mma_rel_err_vs_tile'], 4)} |")
+        out.append("")
+    pk = [r for r in rows if "mma_packed_us" in r]
+    if pk:
+        out += ["## Dense Q8_0: the register-MMA kernel on the file's blocks and on the same bytes packed "
+                "(gguf_mma.pack_q8_0: 16-byte code loads)", "",
+                "| layer [N, K] | T | file layout µs | packed µs | floor µs | file % floor | packed % floor "
+                "| outputs equal |", "|---|---|---|---|---|---|---|---|"]
+        for r in pk:
+            out.append(f"| {r['layer']} [{r['N']}, {r['K']}] | {r['T']} | {fmt(r['mma_us'], 1)} | "
+                       f"{fmt(r['mma_packed_us'], 1)} | {fmt(r['floor_us'], 1)} | {fmt(r['mma_pct_floor'])} | "
+                       f"{fmt(r['mma_packed_pct_floor'])} | {'yes' if r['mma_packed_equal'] else '**no**'} |")
         out.append("")
     return "\n".join(out) + "\n"
 

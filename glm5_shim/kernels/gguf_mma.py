@@ -478,7 +478,7 @@ def _half_dot(acc, w_lo, w_hi, xt, QTYPE: tl.constexpr, BN: tl.constexpr, ACC: t
 
 @jit
 def _load_half(QTYPE: tl.constexpr, rowp, slot, word, act_p, x_ok, sb, HF: tl.constexpr, BN: tl.constexpr,
-               L4: tl.constexpr):
+               L4: tl.constexpr, PACKED: tl.constexpr):
     """The loads of half HF of super-block sb: (code words or low-nibble words [BN, 4, 4], then Q4_K/Q5_K header
     words and Q5_K high-bit words, or Q6_K high-bit words and scales, then activations [COLS, 128]).  rowp: [BN, 1]
     byte pointers to the weight rows."""
@@ -528,6 +528,18 @@ def _load_half(QTYPE: tl.constexpr, rowp, slot, word, act_p, x_ok, sb, HF: tl.co
         sc = gl.load(base + 74 + ib).to(gl.int32)
         d = gl.load((base + slot * 0).to(gl.pointer_type(gl.int16)))
         return qsw, sgw, qh, sc, d, qsw, xt
+    elif QTYPE == 8 and PACKED:
+        # Q8_0_PACKED (pack_q8_0): the group's 8 scales, then its 256 codes: each slot's 16 code bytes one aligned
+        # 16-byte load; values 64 j + p of the half (j = 0, 1) are code p & 31 of block 4 HF + 2 j + p5
+        group = rowp + sb * 272
+        blk = 4 * HF + slot // 2                                                # the block of j = 0, [1, 4]
+        cp = (gl.expand_dims(group + 16 + 32 * blk + 16 * (slot % 2), 2)).to(gl.pointer_type(gl.int32)) \
+            + gl.expand_dims(gl.expand_dims(word, 0), 1)
+        c0 = gl.load(cp)
+        c1 = gl.load(cp + 16)                                                   # 2 blocks (64 bytes) on
+        d0 = gl.load((group + 2 * blk).to(gl.pointer_type(gl.int16)))
+        d1 = gl.load((group + 2 * blk + 4).to(gl.pointer_type(gl.int16)))
+        return c0, c1, d0, d1, d0, c0, xt
     elif QTYPE == 8:
         # values 64 j + p of the half (j = 0, 1) are code 2 + (p & 31) of block 4 HF + 2 j + p5: 2-byte aligned
         base = rowp + sb * 272 + 34 * (4 * HF + slot // 2)                   # the block of j = 0, [BN, 4]
@@ -614,7 +626,7 @@ def _mma_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_p
                 top_k, stride_xm, stride_we, stride_wn, stride_os, stride_om, stride_fm,
                 QTYPE: tl.constexpr, WARPS: tl.constexpr, REPS: tl.constexpr, MOE: tl.constexpr,
                 ROUTE_WEIGHTED: tl.constexpr, ROUTING: tl.constexpr, EPILOGUE: tl.constexpr, TOPK: tl.constexpr,
-                COLS: tl.constexpr):
+                COLS: tl.constexpr, PACKED: tl.constexpr):
     """out[s, row, n] = sum over the units of split s of x[row', k] * W[n, k] for the COLS columns of block
     program_id(0) // cdiv(N, BN) and the BN output features of program_id(0) % cdiv(N, BN):
 
@@ -627,6 +639,7 @@ def _mma_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_p
       a w2 pass).
 
     Times the routing weight of the column when ROUTE_WEIGHTED.  Columns >= num_valid are neither read nor written.
+    PACKED: a Q8_0 weight in pack_q8_0's layout (16-byte code loads) rather than the file's.
     EPILOGUE: STORE writes out (a split plane, or the result); REDUCE and REDUCE_SILU write float32 planes, and the
     last program to finish a tile (arrival counted at counter_ptr, reset to 0 by it) sums the planes into final —
     REDUCE_SILU: a pair of tiles, gate rows f and up rows N / 2 + f, into SiLU(gate) * up."""
@@ -687,16 +700,16 @@ def _mma_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_p
     total = gl.zeros([BN, COLS], gl.float32, layout=ACC)   # TOKEN_SUM: the slots' weighted sums
     rp, ap, sb, rw = _unit(first, rowp, act_p, ids_vec, rw_vec, lanes, rows_off, w_ptr, stride_we, stride_xm,
                            sb_per_expert, ROUTING)
-    stage0 = _load_half(QTYPE, rp, slot, word, ap, x_ok, sb, 0, BN, L4)
+    stage0 = _load_half(QTYPE, rp, slot, word, ap, x_ok, sb, 0, BN, L4, PACKED)
     for u in range(first, last):
         # issue the second half's loads, decode the first; issue the next unit's first half, decode the second
         rp, ap, sb, rw = _unit(u, rowp, act_p, ids_vec, rw_vec, lanes, rows_off, w_ptr, stride_we, stride_xm,
                                sb_per_expert, ROUTING)
-        stage1 = _load_half(QTYPE, rp, slot, word, ap, x_ok, sb, 1, BN, L4)
+        stage1 = _load_half(QTYPE, rp, slot, word, ap, x_ok, sb, 1, BN, L4, PACKED)
         acc = _consume_half(acc, QTYPE, stage0, slot, 0, BN, L4, ACC, BF16, grid_ptr, COLS)
         rpn, apn, sbn, rwn = _unit(gl.minimum(u + 1, last - 1), rowp, act_p, ids_vec, rw_vec, lanes, rows_off,
                                    w_ptr, stride_we, stride_xm, sb_per_expert, ROUTING)
-        stage0 = _load_half(QTYPE, rpn, slot, word, apn, x_ok, sbn, 0, BN, L4)
+        stage0 = _load_half(QTYPE, rpn, slot, word, apn, x_ok, sbn, 0, BN, L4, PACKED)
         acc = _consume_half(acc, QTYPE, stage1, slot, 1, BN, L4, ACC, BF16, grid_ptr, COLS)
         if ROUTING == TOKEN_SUM:   # a slot ends (or the split does): its sum joins the total, weighted
             done = (sb == sb_per_expert - 1) | (u == last - 1)
@@ -831,7 +844,7 @@ def aligned(w, qtype: int) -> bool:
 
 def launch(x, w, out, *, qtype: int, n: int, num_valid: int, num_blocks: int, split: int, sb_per_split: int,
            a_row_div: int = 1, route=None, routing: int = 0, final=None, gated: bool = False, top_k: int = 1,
-           grid_table=None, tuning: dict | None = None, cols: int = TOKENS) -> None:
+           grid_table=None, tuning: dict | None = None, cols: int = TOKENS, packed: bool = False) -> None:
     """One launch: x [rows, K] (bf16/fp16), w [N, row bytes] (linear) or [E, N, row bytes] (with route), out
     [split, out rows, N] float32 partial sums (split > 1, or final given) or [out rows, N].
 
@@ -841,7 +854,10 @@ def launch(x, w, out, *, qtype: int, n: int, num_valid: int, num_blocks: int, sp
     routed pair a block, expert_ids = topk_ids flattened (sorted_ids, num_padded None); TOKEN_SUM: one token a block
     summed over its top_k slots (expert_ids = topk_ids flattened, route weights required), sb_per_split then counts
     (slot, super-block) units.  final: the launch's result [out rows, N] (gated: [out rows, N / 2], SiLU(gate) * up),
-    written by the last program of each tile from the planes in out."""
+    written by the last program of each tile from the planes in out.  packed: w is a Q8_0 weight in pack_q8_0's
+    layout."""
+    if packed and int(qtype) != Q8_0:
+        raise ValueError(f"packed weights are Q8_0 only, not {gguf.GGMLQuantizationType(qtype).name}")
     t = tuning_for(qtype, tuning)
     bn = block_rows(t)
     moe = route is not None
@@ -866,7 +882,7 @@ def launch(x, w, out, *, qtype: int, n: int, num_valid: int, num_blocks: int, sp
         out.stride(0) if out.dim() == 3 else 0, out.stride(-2), final.stride(0) if final is not None else 0,
         QTYPE=qtype, WARPS=t["num_warps"],
         REPS=t["reps"], MOE=moe, ROUTE_WEIGHTED=route_w is not None and routing != TOKEN_SUM.value,
-        ROUTING=routing, EPILOGUE=epilogue, TOPK=max(2, 1 << (top_k - 1).bit_length()), COLS=cols,
+        ROUTING=routing, EPILOGUE=epilogue, TOPK=max(2, 1 << (top_k - 1).bit_length()), COLS=cols, PACKED=packed,
         num_warps=t["num_warps"])
     if separate:
         _sum_planes(out, final, gated)
@@ -884,9 +900,10 @@ def _sum_planes(planes, final, gated: bool) -> None:
 
 
 def linear(x, qweight, qtype: int, n: int, num_sms: int, tuning: dict | None = None, grid_table=None,
-           cols: int | None = None):
+           cols: int | None = None, packed: bool = False):
     """x [M, K] @ W[:n].T for a weight of one of MMA_TYPES [>= n, row bytes]: M rows in blocks of cols (default
-    cols_for(M)), K split to fill the GPU, the split sums added by the last program of each tile (one launch)."""
+    cols_for(M)), K split to fill the GPU, the split sums added by the last program of each tile (one launch).
+    packed: a Q8_0 weight in pack_q8_0's layout."""
     import torch
     m, k = x.shape
     tuning = tuning_for(qtype, tuning)
@@ -897,12 +914,43 @@ def linear(x, qweight, qtype: int, n: int, num_sms: int, tuning: dict | None = N
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if split == 1:
         launch(x, qweight, out, qtype=qtype, n=n, num_valid=m, num_blocks=num_blocks, split=1, sb_per_split=per,
-               grid_table=grid_table, tuning=tuning, cols=cols)
+               grid_table=grid_table, tuning=tuning, cols=cols, packed=packed)
     else:
         part = torch.empty(split, m, n, dtype=torch.float32, device=x.device)
         launch(x, qweight, part, qtype=qtype, n=n, num_valid=m, num_blocks=num_blocks, split=split,
-               sb_per_split=per, final=out, grid_table=grid_table, tuning=tuning, cols=cols)
+               sb_per_split=per, final=out, grid_table=grid_table, tuning=tuning, cols=cols, packed=packed)
     return out
+
+
+# Q8_0_PACKED: Q8_0's bytes regrouped so that the kernel's code loads are 16-byte aligned.  The file's 34-byte blocks
+# (fp16 d, 32 int8 codes) are only 2-byte aligned, so a thread's 16 code bytes took eight 2-byte loads (session 15's
+# table: Q8_0 at 27-36 % of its read floor, below Q4_K's 16-byte-aligned blocks although its decode is cheaper).
+# Packed, each group of 8 blocks (256 values, 272 bytes: the same size) holds its 8 d first (16 bytes), then its 256
+# codes in block order.  Exact: the same bytes, moved.  Not yet used by the plans: bench/gguf_matmul.py's dense
+# part times it against the file's layout (the mma_packed arm) before anything loads weights this way.
+Q8_0_GROUP_BLOCKS, Q8_0_BLOCK_BYTES = 8, 34
+
+
+def pack_q8_0(w):
+    """A Q8_0 weight [..., row bytes] (K a multiple of 256) in the packed layout above; same shape and dtype."""
+    import torch
+    group = Q8_0_GROUP_BLOCKS * Q8_0_BLOCK_BYTES
+    if w.dtype != torch.uint8 or w.shape[-1] % group:
+        raise ValueError(f"pack_q8_0: a uint8 Q8_0 weight with rows of whole {group}-byte groups (K a multiple of "
+                         f"{SB_VALUES.value}), got {w.dtype} rows of {w.shape[-1]} bytes")
+    blocks = w.reshape(*w.shape[:-1], -1, Q8_0_GROUP_BLOCKS, Q8_0_BLOCK_BYTES)
+    scales = blocks[..., :2].reshape(*blocks.shape[:-2], 2 * Q8_0_GROUP_BLOCKS)
+    codes = blocks[..., 2:].reshape(*blocks.shape[:-2], 32 * Q8_0_GROUP_BLOCKS)
+    return torch.cat([scales, codes], -1).reshape(w.shape).contiguous()
+
+
+def unpack_q8_0(w):
+    """pack_q8_0's inverse: the file's Q8_0 layout again."""
+    import torch
+    group = w.reshape(*w.shape[:-1], -1, Q8_0_GROUP_BLOCKS * Q8_0_BLOCK_BYTES)
+    scales = group[..., :2 * Q8_0_GROUP_BLOCKS].reshape(*group.shape[:-1], Q8_0_GROUP_BLOCKS, 2)
+    codes = group[..., 2 * Q8_0_GROUP_BLOCKS:].reshape(*group.shape[:-1], Q8_0_GROUP_BLOCKS, 32)
+    return torch.cat([scales, codes], -1).reshape(w.shape).contiguous()
 
 
 def kernel_configs() -> list[dict]:
@@ -936,8 +984,12 @@ def kernel_configs() -> list[dict]:
                              signature={**sig, "out_ptr": out},
                              constexprs=dict(QTYPE=qtype, WARPS=t["num_warps"], REPS=t["reps"],
                                              MOE=moe, ROUTE_WEIGHTED=weighted, ROUTING=routing.value,
-                                             EPILOGUE=epilogue.value, TOPK=8, COLS=cols),
+                                             EPILOGUE=epilogue.value, TOPK=8, COLS=cols, PACKED=False),
                              num_warps=t["num_warps"], num_stages=1, gluon=True,
                              divisible_by_16=("x_ptr", "w_ptr", "out_ptr", "grid_ptr", "stride_xm", "stride_we",
                                               "stride_wn", "stride_om")))
-    return cfgs
+    # Q8_0 packed: the dense launches bench/gguf_matmul.py times (the plans do not run it yet)
+    packed = [dict(c, name=c["name"].replace("mma q8_0", "mma q8_0 packed"),
+                   constexprs=dict(c["constexprs"], PACKED=True)) for c in cfgs
+              if c["constexprs"]["QTYPE"] == Q8_0 and not c["constexprs"]["MOE"] and c["constexprs"]["COLS"] == TOKENS]
+    return cfgs + packed

@@ -41,7 +41,10 @@ _SCRIPT = textwrap.dedent(
             k = triton.compile(src, target=GPUTarget("cuda", cc, 32),
                                options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
             ptx = k.asm["ptx"]
-            rec.update(ok=True, shared=int(k.metadata.shared), mma=("mma" in ptx))
+            rec.update(ok=True, shared=int(k.metadata.shared), mma=("mma" in ptx),
+                       # global loads by width: 16-bit ones (2-byte aligned blocks) against 16-byte ones
+                       b16_loads=len(re.findall(r"ld\.global(?:\.\w+)*\.[bsu]16\b", ptx)),
+                       v4_loads=len(re.findall(r"ld\.global(?:\.\w+)*\.v4\.", ptx)))
             if cfg.get("gluon"):  # registers and spills, from the cubin
                 with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
                     f.write(k.asm["cubin"])
@@ -71,4 +74,9 @@ def test_gguf_matmul_configs_compile(cc, repo_root):
     # word of it to hand the arrival count to every thread), and must not spill
     gluon = [r for r in recs if r["gluon"]]
     assert gluon and all(r["shared"] <= 16 and r["local"] == 0 for r in gluon), json.dumps(gluon, indent=1)
+    # Q8_0 packed (gguf_mma.pack_q8_0): a thread's 16 code bytes are one 16-byte load instead of eight 2-byte
+    # loads; only the scales stay 16-bit
+    by_name = {r["name"]: r for r in recs}
+    file_, packed = by_name["mma q8_0 linear -> bf16"], by_name["mma q8_0 packed linear -> bf16"]
+    assert packed["b16_loads"] * 4 <= file_["b16_loads"] and packed["v4_loads"] > file_["v4_loads"], (file_, packed)
     print(f"\nsm_{cc}: " + ", ".join(f"{r['name']}={r['shared']}" for r in recs))

@@ -284,3 +284,38 @@ def test_covers_its_types_in_16_bit_activations_on_aligned_rows():
     assert not mma.aligned(padded[:, :144], mma.Q4_K) and mma.aligned(padded[:, :144], mma.Q6_K)
     assert not mma.aligned(torch.zeros(4, 147, dtype=torch.uint8), mma.Q6_K)
     assert mma.aligned(torch.zeros(2, 4, 144, dtype=torch.uint8), mma.Q4_K)
+
+
+def test_packed_q8_0_is_the_same_bytes_and_the_same_products():
+    """pack_q8_0 moves each 8-block group's scales before its codes (16-byte aligned code loads): same size, unpacked
+    back bit for bit, dequantizing to the same values; the kernel reading it gives the file layout's output exactly
+    (the same arithmetic in the same order), split or not, for rows of one to 19 activations."""
+    g = torch.Generator().manual_seed(21)
+    n, k = 200, 1024
+    w = ref.quantized_blocks(mma.Q8_0, torch.randn(n, k, generator=g) * 0.02)
+    packed = mma.pack_q8_0(w)
+    assert packed.shape == w.shape and packed.dtype == torch.uint8 and not torch.equal(packed, w)
+    assert torch.equal(mma.unpack_q8_0(packed), w)
+    # group 0 of row 0: block b's d at bytes 2b, its codes at 16 + 32 b
+    for b in range(8):
+        assert torch.equal(packed[0, 2 * b:2 * b + 2], w[0, 34 * b:34 * b + 2])
+        assert torch.equal(packed[0, 16 + 32 * b:48 + 32 * b], w[0, 34 * b + 2:34 * b + 34])
+    experts = torch.stack([w[:64], w[64:128]])
+    assert torch.equal(mma.unpack_q8_0(mma.pack_q8_0(experts)), experts)
+    for m, num_sms in ((1, 4), (5, 1), (8, 16), (19, 4)):
+        x = torch.randn(m, k, generator=g).half()
+        want = mma.linear(x, w, mma.Q8_0, n, num_sms)
+        got = mma.linear(x, packed, mma.Q8_0, n, num_sms, packed=True)
+        assert torch.equal(got, want), (m, num_sms)
+        ok, excess, _ = _within_bound(got, x, w, mma.Q8_0, k)
+        assert ok, (m, num_sms, excess)
+    # reading the file's bytes as packed is wrong (by O(|out|), or NaN where codes are read as scales)
+    x = torch.randn(4, k, generator=g).half()
+    wrong = mma.linear(x, w, mma.Q8_0, n, 4, packed=True)
+    right = mma.linear(x, w, mma.Q8_0, n, 4)
+    close = torch.isclose(wrong.double(), right.double(), rtol=0.1, atol=1e-3)   # NaN (codes read as scales) too
+    assert close.double().mean().item() < 0.5
+    with pytest.raises(ValueError, match="Q8_0 only"):
+        mma.linear(x, ref.random_blocks(mma.Q4_K, 64, k, g), mma.Q4_K, 64, 4, packed=True)
+    with pytest.raises(ValueError, match="whole 272-byte groups"):
+        mma.pack_q8_0(torch.zeros(4, 34 * 4, dtype=torch.uint8))
