@@ -314,8 +314,8 @@ def bench_dense(type_names, tokens, bw, peak, gen, vg, rows, tile_rows=False):
                     row["mma_us"] = graph_us([lambda w=w: gguf_mma.linear(x, w, qt, n, sms, grid_table=table)
                                               for w in ws] * 2)
                     row["mma_pct_floor"] = 100 * row["floor_us"] / row["mma_us"]
-                    if qt == gguf_mma.Q8_0:   # the same bytes packed for 16-byte code loads (gguf_mma.pack_q8_0)
-                        packed = [gguf_mma.pack_q8_0(w) for w in ws]
+                    if qt in gguf_mma.PACKERS:   # the same bytes packed for 16-byte code loads (gguf_mma.pack)
+                        packed = [gguf_mma.pack(w, qt) for w in ws]
                         same = gguf_mma.linear(x, packed[0], qt, n, sms, packed=True)
                         row["mma_packed_equal"] = bool(torch.equal(same, mine))
                         row["mma_packed_us"] = graph_us([lambda w=w: gguf_mma.linear(x, w, qt, n, sms, packed=True)
@@ -743,12 +743,12 @@ def markdown(rows, bw, device) -> str:
         out.append("")
     pk = [r for r in rows if "mma_packed_us" in r]
     if pk:
-        out += ["## Dense Q8_0: the register-MMA kernel on the file's blocks and on the same bytes packed "
-                "(gguf_mma.pack_q8_0: 16-byte code loads)", "",
-                "| layer [N, K] | T | file layout µs | packed µs | floor µs | file % floor | packed % floor "
-                "| outputs equal |", "|---|---|---|---|---|---|---|---|"]
+        out += ["## Dense Q8_0 and Q6_K: the register-MMA kernel on the file's blocks and on the same bytes packed "
+                "(gguf_mma.pack: 16-byte code loads)", "",
+                "| layer [N, K] | type | T | file layout µs | packed µs | floor µs | file % floor | packed % floor "
+                "| outputs equal |", "|---|---|---|---|---|---|---|---|---|"]
         for r in pk:
-            out.append(f"| {r['layer']} [{r['N']}, {r['K']}] | {r['T']} | {fmt(r['mma_us'], 1)} | "
+            out.append(f"| {r['layer']} [{r['N']}, {r['K']}] | {r['type']} | {r['T']} | {fmt(r['mma_us'], 1)} | "
                        f"{fmt(r['mma_packed_us'], 1)} | {fmt(r['floor_us'], 1)} | {fmt(r['mma_pct_floor'])} | "
                        f"{fmt(r['mma_packed_pct_floor'])} | {'yes' if r['mma_packed_equal'] else '**no**'} |")
         out.append("")

@@ -478,7 +478,7 @@ def _half_dot(acc, w_lo, w_hi, xt, QTYPE: tl.constexpr, BN: tl.constexpr, ACC: t
 
 @jit
 def _load_half(QTYPE: tl.constexpr, rowp, slot, word, act_p, x_ok, sb, HF: tl.constexpr, BN: tl.constexpr,
-               L4: tl.constexpr, PACKED: tl.constexpr):
+               L4: tl.constexpr, PACKED: tl.constexpr, num_sb):
     """The loads of half HF of super-block sb: (code words or low-nibble words [BN, 4, 4], then Q4_K/Q5_K header
     words and Q5_K high-bit words, or Q6_K high-bit words and scales, then activations [COLS, 128]).  rowp: [BN, 1]
     byte pointers to the weight rows."""
@@ -550,6 +550,22 @@ def _load_half(QTYPE: tl.constexpr, rowp, slot, word, act_p, x_ok, sb, HF: tl.co
         d0 = gl.load(base.to(gl.pointer_type(gl.int16)))
         d1 = gl.load((base + 68).to(gl.pointer_type(gl.int16)))
         return c0, c1, d0, d1, d0, c0, xt
+    elif QTYPE == 14 and PACKED:
+        # Q6_K_PACKED (pack_q6_k): a row's code bytes (each super-block's 128 low-nibble and 64 high-bit bytes)
+        # first, 16-byte aligned: a slot's 16 low-nibble and 16 high-bit bytes are one load each; then the rows'
+        # scales (16 a super-block), then their d
+        codes = rowp + sb * 192
+        ql = (gl.expand_dims(codes + 64 * HF + 16 * slot, 2)).to(gl.pointer_type(gl.int32)) \
+            + gl.expand_dims(gl.expand_dims(word, 0), 1)
+        qh = (gl.expand_dims(codes + 128 + 32 * HF + 16 * (slot % 2), 2)).to(gl.pointer_type(gl.int32)) \
+            + gl.expand_dims(gl.expand_dims(word, 0), 1)
+        low = gl.load(ql)
+        high = gl.load(qh)
+        scales = rowp + num_sb * 192 + sb * 16
+        sc_lo = gl.load(scales + 8 * HF + slot)
+        sc_hi = gl.load(scales + 4 + 8 * HF + slot)
+        d = gl.load((rowp + num_sb * 208 + sb * 2 + slot * 0).to(gl.pointer_type(gl.int16)))
+        return low, high, sc_lo, sc_hi, d, low, xt
     else:
         base = rowp + sb * 210                                          # 2-byte aligned blocks: 16-bit loads
         ql = (gl.expand_dims(base + 64 * HF + 16 * slot, 2) + gl.expand_dims(gl.expand_dims(4 * word, 0), 1)
@@ -639,7 +655,7 @@ def _mma_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_p
       a w2 pass).
 
     Times the routing weight of the column when ROUTE_WEIGHTED.  Columns >= num_valid are neither read nor written.
-    PACKED: a Q8_0 weight in pack_q8_0's layout (16-byte code loads) rather than the file's.
+    PACKED: a Q8_0 or Q6_K weight in pack's layout (16-byte code loads) rather than the file's.
     EPILOGUE: STORE writes out (a split plane, or the result); REDUCE and REDUCE_SILU write float32 planes, and the
     last program to finish a tile (arrival counted at counter_ptr, reset to 0 by it) sums the planes into final —
     REDUCE_SILU: a pair of tiles, gate rows f and up rows N / 2 + f, into SiLU(gate) * up."""
@@ -700,16 +716,16 @@ def _mma_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_p
     total = gl.zeros([BN, COLS], gl.float32, layout=ACC)   # TOKEN_SUM: the slots' weighted sums
     rp, ap, sb, rw = _unit(first, rowp, act_p, ids_vec, rw_vec, lanes, rows_off, w_ptr, stride_we, stride_xm,
                            sb_per_expert, ROUTING)
-    stage0 = _load_half(QTYPE, rp, slot, word, ap, x_ok, sb, 0, BN, L4, PACKED)
+    stage0 = _load_half(QTYPE, rp, slot, word, ap, x_ok, sb, 0, BN, L4, PACKED, sb_per_expert)
     for u in range(first, last):
         # issue the second half's loads, decode the first; issue the next unit's first half, decode the second
         rp, ap, sb, rw = _unit(u, rowp, act_p, ids_vec, rw_vec, lanes, rows_off, w_ptr, stride_we, stride_xm,
                                sb_per_expert, ROUTING)
-        stage1 = _load_half(QTYPE, rp, slot, word, ap, x_ok, sb, 1, BN, L4, PACKED)
+        stage1 = _load_half(QTYPE, rp, slot, word, ap, x_ok, sb, 1, BN, L4, PACKED, sb_per_expert)
         acc = _consume_half(acc, QTYPE, stage0, slot, 0, BN, L4, ACC, BF16, grid_ptr, COLS)
         rpn, apn, sbn, rwn = _unit(gl.minimum(u + 1, last - 1), rowp, act_p, ids_vec, rw_vec, lanes, rows_off,
                                    w_ptr, stride_we, stride_xm, sb_per_expert, ROUTING)
-        stage0 = _load_half(QTYPE, rpn, slot, word, apn, x_ok, sbn, 0, BN, L4, PACKED)
+        stage0 = _load_half(QTYPE, rpn, slot, word, apn, x_ok, sbn, 0, BN, L4, PACKED, sb_per_expert)
         acc = _consume_half(acc, QTYPE, stage1, slot, 1, BN, L4, ACC, BF16, grid_ptr, COLS)
         if ROUTING == TOKEN_SUM:   # a slot ends (or the split does): its sum joins the total, weighted
             done = (sb == sb_per_expert - 1) | (u == last - 1)
@@ -854,10 +870,10 @@ def launch(x, w, out, *, qtype: int, n: int, num_valid: int, num_blocks: int, sp
     routed pair a block, expert_ids = topk_ids flattened (sorted_ids, num_padded None); TOKEN_SUM: one token a block
     summed over its top_k slots (expert_ids = topk_ids flattened, route weights required), sb_per_split then counts
     (slot, super-block) units.  final: the launch's result [out rows, N] (gated: [out rows, N / 2], SiLU(gate) * up),
-    written by the last program of each tile from the planes in out.  packed: w is a Q8_0 weight in pack_q8_0's
-    layout."""
-    if packed and int(qtype) != Q8_0:
-        raise ValueError(f"packed weights are Q8_0 only, not {gguf.GGMLQuantizationType(qtype).name}")
+    written by the last program of each tile from the planes in out.  packed: w is in pack's layout (Q8_0, Q6_K)."""
+    if packed and int(qtype) not in PACKERS:
+        raise ValueError(f"packed weights are {'/'.join(gguf.GGMLQuantizationType(t).name for t in PACKERS)} only, "
+                         f"not {gguf.GGMLQuantizationType(qtype).name}")
     t = tuning_for(qtype, tuning)
     bn = block_rows(t)
     moe = route is not None
@@ -903,7 +919,7 @@ def linear(x, qweight, qtype: int, n: int, num_sms: int, tuning: dict | None = N
            cols: int | None = None, packed: bool = False):
     """x [M, K] @ W[:n].T for a weight of one of MMA_TYPES [>= n, row bytes]: M rows in blocks of cols (default
     cols_for(M)), K split to fill the GPU, the split sums added by the last program of each tile (one launch).
-    packed: a Q8_0 weight in pack_q8_0's layout."""
+    packed: a weight in pack's layout (Q8_0, Q6_K)."""
     import torch
     m, k = x.shape
     tuning = tuning_for(qtype, tuning)
@@ -953,6 +969,59 @@ def unpack_q8_0(w):
     return torch.cat([scales, codes], -1).reshape(w.shape).contiguous()
 
 
+# Q6_K_PACKED: Q6_K's 210-byte blocks are 2-byte aligned, so a thread's 16 low-nibble and 16 high-bit bytes took
+# sixteen 2-byte loads.  Packed, a row holds its super-blocks' code bytes first (128 low-nibble + 64 high-bit bytes
+# each, 192: 16-byte aligned), then their 16 scale bytes each, then their d, the row padded to 16 bytes (at most 15
+# bytes a row more).  Exact: the same bytes, moved.
+Q6_K_BLOCK_BYTES, Q6_K_CODE_BYTES, Q6_K_SCALE_BYTES = 210, 192, 16
+
+
+def q6_k_packed_row_bytes(k: int) -> int:
+    """Bytes of a packed Q6_K row of k values (a multiple of 256)."""
+    return -(-(k // SB_VALUES.value) * Q6_K_BLOCK_BYTES // 16) * 16
+
+
+def pack_q6_k(w):
+    """A Q6_K weight [..., row bytes] in the packed layout above: [..., q6_k_packed_row_bytes(K)]."""
+    import torch
+    if w.dtype != torch.uint8 or w.shape[-1] % Q6_K_BLOCK_BYTES:
+        raise ValueError(f"pack_q6_k: a uint8 Q6_K weight with rows of whole {Q6_K_BLOCK_BYTES}-byte super-blocks, "
+                         f"got {w.dtype} rows of {w.shape[-1]} bytes")
+    nsb = w.shape[-1] // Q6_K_BLOCK_BYTES
+    blocks = w.reshape(*w.shape[:-1], nsb, Q6_K_BLOCK_BYTES)
+    row = q6_k_packed_row_bytes(nsb * SB_VALUES.value)
+    parts = [blocks[..., :Q6_K_CODE_BYTES].reshape(*w.shape[:-1], -1),
+             blocks[..., Q6_K_CODE_BYTES:Q6_K_CODE_BYTES + Q6_K_SCALE_BYTES].reshape(*w.shape[:-1], -1),
+             blocks[..., Q6_K_CODE_BYTES + Q6_K_SCALE_BYTES:].reshape(*w.shape[:-1], -1),
+             w.new_zeros(*w.shape[:-1], row - w.shape[-1])]
+    return torch.cat(parts, -1).contiguous()
+
+
+def unpack_q6_k(w, k: int):
+    """pack_q6_k's inverse for rows of k values: the file's Q6_K layout again."""
+    import torch
+    nsb = k // SB_VALUES.value
+    lead = w.shape[:-1]
+    codes = w[..., :nsb * Q6_K_CODE_BYTES].reshape(*lead, nsb, Q6_K_CODE_BYTES)
+    scales = w[..., nsb * Q6_K_CODE_BYTES:nsb * (Q6_K_CODE_BYTES + Q6_K_SCALE_BYTES)].reshape(*lead, nsb,
+                                                                                              Q6_K_SCALE_BYTES)
+    d = w[..., nsb * (Q6_K_CODE_BYTES + Q6_K_SCALE_BYTES):nsb * Q6_K_BLOCK_BYTES].reshape(*lead, nsb, 2)
+    return torch.cat([codes, scales, d], -1).reshape(*lead, nsb * Q6_K_BLOCK_BYTES).contiguous()
+
+
+# the packed layouts: qtype -> (pack(w), unpack(w, k))
+PACKERS = {Q8_0: (pack_q8_0, lambda w, k: unpack_q8_0(w)), Q6_K: (pack_q6_k, unpack_q6_k)}
+
+
+def pack(w, qtype: int):
+    """w (the file's layout) in its type's packed layout (PACKERS)."""
+    return PACKERS[int(qtype)][0](w)
+
+
+def unpack(w, qtype: int, k: int):
+    return PACKERS[int(qtype)][1](w, k)
+
+
 def kernel_configs() -> list[dict]:
     """Every variant the plans launch, for the offline compile test (bf16 activations)."""
     sig = {"x_ptr": "*bf16", "w_ptr": "*u8", "out_ptr": "*fp32", "route_w_ptr": "*fp32", "sorted_ids_ptr": "*i32",
@@ -988,8 +1057,12 @@ def kernel_configs() -> list[dict]:
                              num_warps=t["num_warps"], num_stages=1, gluon=True,
                              divisible_by_16=("x_ptr", "w_ptr", "out_ptr", "grid_ptr", "stride_xm", "stride_we",
                                               "stride_wn", "stride_om")))
-    # Q8_0 packed: the dense launches bench/gguf_matmul.py times (the plans do not run it yet)
-    packed = [dict(c, name=c["name"].replace("mma q8_0", "mma q8_0 packed"),
-                   constexprs=dict(c["constexprs"], PACKED=True)) for c in cfgs
-              if c["constexprs"]["QTYPE"] == Q8_0 and not c["constexprs"]["MOE"] and c["constexprs"]["COLS"] == TOKENS]
+    # packed weights: the dense launches bench/gguf_matmul.py times (the plans do not run them yet)
+    packed = []
+    for qtype in PACKERS:
+        lower = gguf.GGMLQuantizationType(qtype).name.lower()
+        packed += [dict(c, name=c["name"].replace(f"mma {lower}", f"mma {lower} packed"),
+                        constexprs=dict(c["constexprs"], PACKED=True)) for c in cfgs
+                   if c["constexprs"]["QTYPE"] == qtype and not c["constexprs"]["MOE"]
+                   and c["constexprs"]["COLS"] == TOKENS]
     return cfgs + packed

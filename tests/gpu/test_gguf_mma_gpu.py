@@ -184,22 +184,24 @@ def test_compiles_under_a_post_compile_hook():
     assert ((got.double().cpu() - want).norm() / want.norm()).item() <= 4 * U[torch.bfloat16]
 
 
+@pytest.mark.parametrize("name", ["Q8_0", "Q6_K"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_packed_q8_0_gives_the_file_layouts_output(dtype):
-    """gguf_mma.pack_q8_0's layout (16-byte code loads) through the compiled kernel: the file layout's output bit for
-    bit (the same arithmetic in the same order), at TP-8 lm_head width and 1-8 rows, split or not, and within the
-    float64 bound."""
+def test_packed_weights_give_the_file_layouts_output(name, dtype):
+    """gguf_mma.pack's layouts (16-byte code loads) through the compiled kernel: the file layout's output bit for
+    bit (the same arithmetic in the same order), from one super-block a row to K = 6144 and 1-8 rows, split or not,
+    and within the float64 bound."""
     gm, ref, mma = _mods()
-    g = torch.Generator().manual_seed(77 + (dtype == torch.float16))
+    qtype = getattr(mma, name)
+    g = torch.Generator().manual_seed(77 + qtype + (dtype == torch.float16))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for n, k in ((333, 1024), (2624, 6144)):
-        w = ref.quantized_blocks(mma.Q8_0, torch.randn(n, k, generator=g) * 0.02)
-        wd, packed, w64 = w.cuda(), mma.pack_q8_0(w).cuda(), ref.dequantize(w, mma.Q8_0, k)
+    for n, k in ((333, 1024), (96, 256), (2624, 6144)):
+        w = ref.quantized_blocks(qtype, torch.randn(n, k, generator=g) * 0.02)
+        wd, packed, w64 = w.cuda(), mma.pack(w, qtype).cuda(), ref.dequantize(w, qtype, k)
         for m, num_sms in ((1, sms), (3, sms), (8, sms), (2, 1)):
             x = torch.randn(m, k, generator=g).to(dtype)
-            want = mma.linear(x.cuda(), wd, mma.Q8_0, n, num_sms)
-            got = mma.linear(x.cuda(), packed, mma.Q8_0, n, num_sms, packed=True)
-            assert torch.equal(got, want), (n, m, num_sms)
+            want = mma.linear(x.cuda(), wd, qtype, n, num_sms)
+            got = mma.linear(x.cuda(), packed, qtype, n, num_sms, packed=True)
+            assert torch.equal(got, want), (n, k, m, num_sms)
             exact = x.double() @ w64.T
-            bound = ref.mma_error_bound(x, w, mma.Q8_0, k, U[dtype]) + U[dtype] * exact.abs()
-            assert ((got.double().cpu() - exact).abs() - bound).max().item() <= 0, (n, m, num_sms)
+            bound = ref.mma_error_bound(x, w, qtype, k, U[dtype]) + U[dtype] * exact.abs()
+            assert ((got.double().cpu() - exact).abs() - bound).max().item() <= 0, (n, k, m, num_sms)

@@ -74,9 +74,12 @@ def test_gguf_matmul_configs_compile(cc, repo_root):
     # word of it to hand the arrival count to every thread), and must not spill
     gluon = [r for r in recs if r["gluon"]]
     assert gluon and all(r["shared"] <= 16 and r["local"] == 0 for r in gluon), json.dumps(gluon, indent=1)
-    # Q8_0 packed (gguf_mma.pack_q8_0): a thread's 16 code bytes are one 16-byte load instead of eight 2-byte
-    # loads; only the scales stay 16-bit
+    # packed weights (gguf_mma.pack): a thread's 16 code bytes are one 16-byte load instead of eight 2-byte loads;
+    # only the scales stay narrow (sm_120: Q8_0 24 v4 + 12 b16 against 12 v4 + 108 b16, Q6_K 36 v4 + 12 b16
+    # against 12 v4 + 204 b16)
     by_name = {r["name"]: r for r in recs}
-    file_, packed = by_name["mma q8_0 linear -> bf16"], by_name["mma q8_0 packed linear -> bf16"]
-    assert packed["b16_loads"] * 4 <= file_["b16_loads"] and packed["v4_loads"] > file_["v4_loads"], (file_, packed)
+    for qtype in ("q8_0", "q6_k"):
+        file_, packed = by_name[f"mma {qtype} linear -> bf16"], by_name[f"mma {qtype} packed linear -> bf16"]
+        assert packed["b16_loads"] * 4 <= file_["b16_loads"] and packed["v4_loads"] > file_["v4_loads"], \
+            (file_, packed)
     print(f"\nsm_{cc}: " + ", ".join(f"{r['name']}={r['shared']}" for r in recs))

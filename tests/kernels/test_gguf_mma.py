@@ -315,7 +315,38 @@ def test_packed_q8_0_is_the_same_bytes_and_the_same_products():
     right = mma.linear(x, w, mma.Q8_0, n, 4)
     close = torch.isclose(wrong.double(), right.double(), rtol=0.1, atol=1e-3)   # NaN (codes read as scales) too
     assert close.double().mean().item() < 0.5
-    with pytest.raises(ValueError, match="Q8_0 only"):
+    with pytest.raises(ValueError, match="only, not Q4_K"):
         mma.linear(x, ref.random_blocks(mma.Q4_K, 64, k, g), mma.Q4_K, 64, 4, packed=True)
     with pytest.raises(ValueError, match="whole 272-byte groups"):
         mma.pack_q8_0(torch.zeros(4, 34 * 4, dtype=torch.uint8))
+
+
+def test_packed_q6_k_is_the_same_bytes_and_the_same_products():
+    """pack_q6_k puts a row's code bytes first (16-byte aligned), then its scales, then its d, padded to 16 bytes:
+    unpacked back bit for bit; the kernel reading it gives the file layout's output exactly, for one super-block a
+    row (a TP-8 expert's w2) to 24 (K = 6144), split or not.  Reading the file's bytes as packed is wrong."""
+    g = torch.Generator().manual_seed(22)
+    for n, k in ((200, 1024), (72, 256), (64, 6144)):
+        w = ref.quantized_blocks(mma.Q6_K, torch.randn(n, k, generator=g) * 0.02)
+        packed = mma.pack(w, mma.Q6_K)
+        nsb = k // 256
+        assert packed.shape == (n, mma.q6_k_packed_row_bytes(k)) and packed.shape[1] % 16 == 0
+        assert packed.shape[1] - w.shape[1] < 16
+        assert torch.equal(mma.unpack(packed, mma.Q6_K, k), w)
+        # super-block 0 of row 0: codes at 0, scales at 192 nsb, d at 208 nsb
+        assert torch.equal(packed[0, :192], w[0, :192])
+        assert torch.equal(packed[0, 192 * nsb:192 * nsb + 16], w[0, 192:208])
+        assert torch.equal(packed[0, 208 * nsb:208 * nsb + 2], w[0, 208:210])
+        for m, num_sms in ((1, 4), (5, 1), (8, 16)):
+            x = torch.randn(m, k, generator=g).half()
+            want = mma.linear(x, w, mma.Q6_K, n, num_sms)
+            got = mma.linear(x, packed, mma.Q6_K, n, num_sms, packed=True)
+            assert torch.equal(got, want), (n, k, m, num_sms)
+    x = torch.randn(4, 1024, generator=g).half()
+    w = ref.quantized_blocks(mma.Q6_K, torch.randn(200, 1024, generator=g) * 0.02)
+    wrong = mma.linear(x, torch.nn.functional.pad(w, (0, mma.q6_k_packed_row_bytes(1024) - w.shape[1])), mma.Q6_K,
+                       200, 4, packed=True)
+    close = torch.isclose(wrong.double(), mma.linear(x, w, mma.Q6_K, 200, 4).double(), rtol=0.1, atol=1e-3)
+    assert close.double().mean().item() < 0.5
+    with pytest.raises(ValueError, match="whole 210-byte super-blocks"):
+        mma.pack_q6_k(torch.zeros(4, 300, dtype=torch.uint8))
