@@ -190,6 +190,8 @@ def bench_moe(tp: int, type_names, tokens, bw, peak, gen, vg, bf16_moe, rows):
         qt, w13, w2, expert_bytes = rank_experts(name, gen, tp)
         w13_bf = dequant_cuda(vg, w13, qt, HIDDEN) if vg else None
         w2_bf = dequant_cuda(vg, w2, qt, inter) if vg else None
+        packed13, packed2 = ((gguf_mma.pack(w13, qt), gguf_mma.pack(w2, qt)) if qt in gguf_mma.PACKERS
+                             else (None, None))
         for t in tokens:
             ids, wts, x, floor = call_inputs(t, gen, expert_bytes, bw)
             xh = x.half()
@@ -239,6 +241,16 @@ def bench_moe(tp: int, type_names, tokens, bw, peak, gen, vg, bf16_moe, rows):
                 # the prefill tiles in other shapes (larger row blocks decode an expert's weights fewer times)
                 arms.update({f"prefill_tiles{i + 1}": {**gm.moe_plan(t, TOP_K, EXPERTS, tuning=tun), "mma": False}
                              for i, tun in enumerate(PREFILL_TUNINGS)})
+            if packed13 is not None and not plan["fused_gate"] and not plan.get("dequant"):
+                # the same experts packed for 16-byte code loads (gguf_mma.pack), both passes register-MMA
+                pplan = {**plan, "mma": True, "packed": True}
+                same = gm.gguf_moe(x, packed13, packed2, wts[0], ids[0], qt, qt, align=ALIGN, plan=pplan)
+                base = gm.gguf_moe(x, w13, w2, wts[0], ids[0], qt, qt, align=ALIGN, plan={**plan, "mma": True})
+                row["mma_packed_equal"] = bool(torch.equal(same, base))
+                row["mma_packed_us"] = graph_us([lambda i=i, w=w: gm.gguf_moe(x, packed13, packed2, w, i, qt, qt,
+                                                                              align=ALIGN, plan=pplan)
+                                                 for i, w in zip(ids, wts)])
+                row["mma_packed_pct_floor"] = 100 * floor / row["mma_packed_us"]
             for arm, aplan in arms.items():   # each arm a whole plan
                 mine = gm.gguf_moe(x, w13, w2, wts[0], ids[0], qt, qt, align=ALIGN, plan=aplan)
                 row[f"{arm}_rel_vs_shim"] = ((mine.float() - ours.float()).norm() / ours.float().norm()).item()
@@ -247,7 +259,7 @@ def bench_moe(tp: int, type_names, tokens, bw, peak, gen, vg, bf16_moe, rows):
                                              for i, w in zip(ids, wts)])
             print(json.dumps(row), flush=True)
             rows.append(row)
-        w13 = w2 = w13_bf = w2_bf = None
+        w13 = w2 = w13_bf = w2_bf = packed13 = packed2 = None
         torch.cuda.empty_cache()
 
 
@@ -743,14 +755,19 @@ def markdown(rows, bw, device) -> str:
         out.append("")
     pk = [r for r in rows if "mma_packed_us" in r]
     if pk:
-        out += ["## Dense Q8_0 and Q6_K: the register-MMA kernel on the file's blocks and on the same bytes packed "
-                "(gguf_mma.pack: 16-byte code loads)", "",
-                "| layer [N, K] | type | T | file layout µs | packed µs | floor µs | file % floor | packed % floor "
+        # MoE rows compare with the plans' call (shim_us: both passes register-MMA for these types), dense rows with
+        # the register-MMA kernel on the file's blocks (mma_us)
+        out += ["## Q8_0 and Q6_K packed (gguf_mma.pack: 16-byte code loads) against the file's blocks, register-MMA "
+                "kernels", "",
+                "| what | type | T | file layout µs | packed µs | floor µs | file % floor | packed % floor "
                 "| outputs equal |", "|---|---|---|---|---|---|---|---|---|"]
         for r in pk:
-            out.append(f"| {r['layer']} [{r['N']}, {r['K']}] | {r['type']} | {r['T']} | {fmt(r['mma_us'], 1)} | "
-                       f"{fmt(r['mma_packed_us'], 1)} | {fmt(r['floor_us'], 1)} | {fmt(r['mma_pct_floor'])} | "
-                       f"{fmt(r['mma_packed_pct_floor'])} | {'yes' if r['mma_packed_equal'] else '**no**'} |")
+            moe = r["kind"] == "moe"
+            what = f"MoE TP {r['tp']}" if moe else f"{r['layer']} [{r['N']}, {r['K']}]"
+            base, base_pct = (r["shim_us"], r["shim_pct_floor"]) if moe else (r["mma_us"], r["mma_pct_floor"])
+            out.append(f"| {what} | {r['type']} | {r['T']} | {fmt(base, 1)} | {fmt(r['mma_packed_us'], 1)} | "
+                       f"{fmt(r['floor_us'], 1)} | {fmt(base_pct)} | {fmt(r['mma_packed_pct_floor'])} | "
+                       f"{'yes' if r['mma_packed_equal'] else '**no**'} |")
         out.append("")
     return "\n".join(out) + "\n"
 

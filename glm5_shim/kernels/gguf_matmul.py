@@ -1228,6 +1228,9 @@ def gguf_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights:
         return out
     x = x if x.stride(-1) == 1 else x.contiguous()
     plan = plan or chosen_moe_plan(t, top_k, x.dtype, w13, w2, qtype13, qtype2)
+    if plan.get("packed") and (plan.get("dequant") or plan["fused_gate"]):
+        raise ValueError("gguf_moe: packed experts (gguf_mma.pack) run on the register-MMA decode passes only, not "
+                         f"on the {moe_regime(plan)}")
     if plan.get("dequant"):
         return _moe_dequantized(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan, align or moe_align, out)
     if not plan["fused_gate"]:
@@ -1320,6 +1323,10 @@ def _moe_decode(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan: dict,
     num_sms = _num_sms(x.device)
     mma13 = mma_decode(qtype13, h, x.dtype, plan.get("mma"), w13)
     mma2 = mma_decode(qtype2, inter, x.dtype, plan.get("mma"), w2)
+    packed = bool(plan.get("packed"))   # both weights in gguf_mma.pack's layout (the bench's mma_packed arm)
+    if packed and not (mma13 and mma2):
+        raise ValueError("gguf_moe: packed experts need both passes on the register-MMA kernels (plan mma=True, "
+                         "16-bit activations, K a multiple of 256)")
     tuning13 = gguf_mma.tuning_for(qtype13, plan.get("mma_tuning"))
     tuning2 = gguf_mma.tuning_for(qtype2, plan.get("mma_tuning"))
     fused = plan.get("fused_epilogues", True)
@@ -1355,7 +1362,7 @@ def _moe_decode(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan: dict,
         gguf_mma.launch(x, w13, part, qtype=qtype13, n=two_i, num_valid=pairs, num_blocks=blocks, split=split,
                         sb_per_split=per, a_row_div=top_k, route=route, routing=routing,
                         final=act if gated else None, gated=gated, grid_table=_grid_arg(qtype13, w13),
-                        tuning=tuning13, cols=gguf_mma.TOKENS if direct else cols)
+                        tuning=tuning13, cols=gguf_mma.TOKENS if direct else cols, packed=packed)
     else:
         split, per = _split(busy * triton.cdiv(two_i, plan["BLOCK_N"]), h // STEP_K, num_sms, plan["ctas_per_sm"])
         part = torch.empty(split, pairs, two_i, dtype=torch.float32, device=x.device)
@@ -1373,14 +1380,15 @@ def _moe_decode(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan: dict,
         dst = out if split == 1 else torch.empty(split, t, h, dtype=torch.float32, device=x.device)
         gguf_mma.launch(act, w2, dst, qtype=qtype2, n=h, num_valid=t, num_blocks=t, split=split, sb_per_split=per,
                         route=(None, ids_flat, None, route_w), routing=gguf_mma.TOKEN_SUM.value, top_k=top_k,
-                        final=None if split == 1 else out, grid_table=_grid_arg(qtype2, w2), tuning=tuning2)
+                        final=None if split == 1 else out, grid_table=_grid_arg(qtype2, w2), tuning=tuning2,
+                        packed=packed)
         return out
     down = torch.empty(pairs, h, dtype=x.dtype, device=x.device)  # rounded once before the top-k sum
     if mma2:
         route = sorted_route(cols)
         gguf_mma.launch(act, w2, down, qtype=qtype2, n=h, num_valid=pairs, num_blocks=route[1].numel(), split=1,
                         sb_per_split=inter // 256, route=(*route, route_w), grid_table=_grid_arg(qtype2, w2),
-                        tuning=tuning2, cols=cols)
+                        tuning=tuning2, cols=cols, packed=packed)
     else:
         _tile_pass(act, w2, qtype2, down, sorted_route(plan["BLOCK_M"]), plan, n=h, split=1,
                    per_split=inter // STEP_K, num_valid=pairs, route_w=route_w, bn=plan["BLOCK_N_W2"])
