@@ -500,18 +500,13 @@ def bench_load_width(bw, gen, rows, types=tuple(read_floor.PIECE_LAYOUTS)):
     k = HIDDEN
     for name in types:
         qt = TYPES[name]
-        file_bytes = gm.row_bytes(qt, k)
-        stride, _, pieces = read_floor.PIECE_LAYOUTS[name]
-        blocks = file_bytes // stride
+        blocks = gm.row_bytes(qt, k) // read_floor.PIECE_LAYOUTS[name][0]
         for packed in (False, True):
-            row_bytes = blocks * 16 * pieces if packed else file_bytes
+            row_bytes = blocks * read_floor.piece_layout(name, packed)[0]
             one = LOAD_WIDTH_ROWS * row_bytes
             ws = [torch.randint(0, 256, (LOAD_WIDTH_ROWS, row_bytes), dtype=torch.uint8, device="cuda",
                                 generator=gen) for _ in range(max(2, min(16, -(-2 * L2_BYTES // one))))]
-            st, sk, _ = read_floor.piece_layout(name, packed)
-            for wide in (False, True):
-                if wide and (st % 16 or sk % 16):
-                    continue
+            for wide in (False, True) if read_floor.wide_loads_fit(name, packed) else (False,):
                 for splits in LOAD_WIDTH_SPLITS:
                     outs = [read_floor.read_pieces(w, name, packed, wide, splits) for w in ws]
                     us = graph_us([lambda w=w, o=o: read_floor.read_pieces(w, name, packed, wide, splits, o)

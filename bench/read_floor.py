@@ -14,6 +14,7 @@ Both write one int32 (the XOR of the words read) a program: nothing the compiler
 """
 from __future__ import annotations
 
+import gguf
 import torch
 import triton
 import triton.language as tl
@@ -95,8 +96,9 @@ def read_weight(w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tenso
 
 # (block bytes, bytes at the block's start before its codes, 16-byte pieces of codes a block) as the kernels read
 # them: Q4_K's 128 codes after its 16-byte header, Q6_K's 128 low-nibble + 64 high-bit bytes, Q8_0's 32 codes after
-# d, IQ2_XXS's 64 bytes after d
-PIECE_LAYOUTS = {"Q4_K": (144, 16, 8), "Q6_K": (210, 0, 12), "Q8_0": (34, 2, 2), "IQ2_XXS": (66, 2, 4)}
+# d, IQ2_XXS's 64 bytes after d (block bytes from the gguf package: 144, 210, 34, 66)
+PIECE_LAYOUTS = {name: (gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]][1], skip, pieces)
+                 for name, skip, pieces in (("Q4_K", 16, 8), ("Q6_K", 0, 12), ("Q8_0", 2, 2), ("IQ2_XXS", 2, 4))}
 SLOTS = 4          # consecutive pieces a row's lanes take
 PIECE_ROWS = 64    # rows a program reads (16 a warp, as the MMA kernel's BN with 4 warps)
 
@@ -136,6 +138,13 @@ def piece_layout(type_name: str, packed: bool) -> tuple[int, int, int]:
     return (16 * pieces, 0, pieces) if packed else (stride, skip, pieces)
 
 
+def wide_loads_fit(type_name: str, packed: bool) -> bool:
+    """Whether piece_layout(type_name, packed) puts every piece on a 16-byte boundary (rows of whole blocks from an
+    aligned start), so that read_pieces may read it with 16-byte loads."""
+    stride, skip, _ = piece_layout(type_name, packed)
+    return stride % 16 == 0 and skip % 16 == 0
+
+
 def read_pieces(w: torch.Tensor, type_name: str, packed: bool, wide: bool, splits: int = 1,
                 out: torch.Tensor | None = None) -> torch.Tensor:
     """Read the code pieces of every row of w [rows, row bytes] (uint8) laid out as piece_layout(type_name, packed)
@@ -145,7 +154,7 @@ def read_pieces(w: torch.Tensor, type_name: str, packed: bool, wide: bool, split
     blocks = row_bytes // stride
     if blocks * stride != row_bytes:
         raise ValueError(f"{type_name}: rows of {row_bytes} bytes are not whole {stride}-byte blocks")
-    if wide and (stride % 16 or skip % 16 or row_bytes % 16):
+    if wide and not (wide_loads_fit(type_name, packed) and row_bytes % 16 == 0):
         raise ValueError(f"{type_name}: {stride}-byte blocks with codes at +{skip} are not 16-byte aligned: "
                          "2-byte loads only")
     if rows % PIECE_ROWS:

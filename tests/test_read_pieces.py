@@ -21,7 +21,8 @@ checked = []
 for name in rf.PIECE_LAYOUTS:
     for packed in (False, True):
         stride, skip, pieces = rf.piece_layout(name, packed)
-        aligned = stride % 16 == 0 and skip % 16 == 0
+        aligned = rf.wide_loads_fit(name, packed)
+        assert aligned == (stride % 16 == 0 and skip % 16 == 0)
         w = torch.randint(0, 256, (2 * rf.PIECE_ROWS, stride * 5), dtype=torch.uint8, generator=g)
         want = rf.pieces_reference(w, name, packed)
         for wide in (False, True) if aligned else (False,):

@@ -944,7 +944,7 @@ def linear(x, qweight, qtype: int, n: int, num_sms: int, tuning: dict | None = N
 # Packed, each group of 8 blocks (256 values, 272 bytes: the same size) holds its 8 d first (16 bytes), then its 256
 # codes in block order.  Exact: the same bytes, moved.  Not yet used by the plans: bench/gguf_matmul.py's dense
 # part times it against the file's layout (the mma_packed arm) before anything loads weights this way.
-Q8_0_GROUP_BLOCKS, Q8_0_BLOCK_BYTES = 8, 34
+Q8_0_GROUP_BLOCKS, Q8_0_BLOCK_BYTES = 8, gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_0][1]
 
 
 def pack_q8_0(w):
@@ -973,7 +973,8 @@ def unpack_q8_0(w):
 # sixteen 2-byte loads.  Packed, a row holds its super-blocks' code bytes first (128 low-nibble + 64 high-bit bytes
 # each, 192: 16-byte aligned), then their 16 scale bytes each, then their d, the row padded to 16 bytes (at most 15
 # bytes a row more).  Exact: the same bytes, moved.
-Q6_K_BLOCK_BYTES, Q6_K_CODE_BYTES, Q6_K_SCALE_BYTES = 210, 192, 16
+Q6_K_BLOCK_BYTES = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q6_K][1]   # 210
+Q6_K_CODE_BYTES, Q6_K_SCALE_BYTES = 192, 16
 
 
 def q6_k_packed_row_bytes(k: int) -> int:
