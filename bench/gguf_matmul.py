@@ -241,14 +241,13 @@ def bench_moe(tp: int, type_names, tokens, bw, peak, gen, vg, bf16_moe, rows):
                 # the prefill tiles in other shapes (larger row blocks decode an expert's weights fewer times)
                 arms.update({f"prefill_tiles{i + 1}": {**gm.moe_plan(t, TOP_K, EXPERTS, tuning=tun), "mma": False}
                              for i, tun in enumerate(PREFILL_TUNINGS)})
-            if packed13 is not None and not plan["fused_gate"] and not plan.get("dequant"):
-                # the same experts packed for 16-byte code loads (gguf_mma.pack), both passes register-MMA
-                pplan = {**plan, "mma": True, "packed": True}
-                same = gm.gguf_moe(x, packed13, packed2, wts[0], ids[0], qt, qt, align=ALIGN, plan=pplan)
-                base = gm.gguf_moe(x, w13, w2, wts[0], ids[0], qt, qt, align=ALIGN, plan={**plan, "mma": True})
-                row["mma_packed_equal"] = bool(torch.equal(same, base))
+            if packed13 is not None:
+                # the same experts repacked at load (gguf_mma.pack, loading/gguf_repack.py), the plan serving takes
+                same = gm.gguf_moe(x, packed13, packed2, wts[0], ids[0], qt, qt, align=ALIGN, packed13=True,
+                                   packed2=True)
+                row["mma_packed_equal"] = bool(torch.equal(same, ours))
                 row["mma_packed_us"] = graph_us([lambda i=i, w=w: gm.gguf_moe(x, packed13, packed2, w, i, qt, qt,
-                                                                              align=ALIGN, plan=pplan)
+                                                                              align=ALIGN, packed13=True, packed2=True)
                                                  for i, w in zip(ids, wts)])
                 row["mma_packed_pct_floor"] = 100 * floor / row["mma_packed_us"]
             for arm, aplan in arms.items():   # each arm a whole plan
@@ -326,17 +325,22 @@ def bench_dense(type_names, tokens, bw, peak, gen, vg, rows, tile_rows=False):
                     row["mma_us"] = graph_us([lambda w=w: gguf_mma.linear(x, w, qt, n, sms, grid_table=table)
                                               for w in ws] * 2)
                     row["mma_pct_floor"] = 100 * row["floor_us"] / row["mma_us"]
-                    if qt in gguf_mma.PACKERS:   # the same bytes packed for 16-byte code loads (gguf_mma.pack)
-                        packed = [gguf_mma.pack(w, qt) for w in ws]
-                        same = gguf_mma.linear(x, packed[0], qt, n, sms, packed=True)
-                        row["mma_packed_equal"] = bool(torch.equal(same, mine))
-                        row["mma_packed_us"] = graph_us([lambda w=w: gguf_mma.linear(x, w, qt, n, sms, packed=True)
-                                                         for w in packed] * 2)
-                        row["mma_packed_pct_floor"] = 100 * row["floor_us"] / row["mma_packed_us"]
-                        packed = None
                     if t > gguf_mma.TOKENS:   # the same in 8-row programs (each reading the weight)
                         row["mma8_us"] = graph_us([lambda w=w: gguf_mma.linear(x, w, qt, n, sms, grid_table=table,
                                                                                cols=gguf_mma.TOKENS) for w in ws] * 2)
+                if qt in gguf_mma.PACKERS:   # the same bytes repacked at load (gguf_mma.pack), serving's plan
+                    packed = [gguf_mma.pack(w, qt) for w in ws]
+                    same = gm.gguf_linear(x, packed[0], qt, packed=True)
+                    # the file layout's call with the same arithmetic: the register-MMA kernel where the packed
+                    # weight takes it (MMA_PACKED_LINEAR_TYPES), else the same plan as ours
+                    on_mma = (t <= gm.mma_linear_max_rows(qt)
+                              and gm.mma_decode(qt, k, x.dtype, weight=packed[0], linear=True, packed=True))
+                    twin = gguf_mma.linear(x, ws[0], qt, n, sms) if on_mma else ours
+                    row["mma_packed_equal"] = bool(torch.equal(same, twin))
+                    row["mma_packed_us"] = graph_us([lambda w=w: gm.gguf_linear(x, w, qt, packed=True)
+                                                     for w in packed] * 2)
+                    row["mma_packed_pct_floor"] = 100 * row["floor_us"] / row["mma_packed_us"]
+                    packed = None
                 if tile_rows and 16 < t <= 64:
                     for arm, tuning in TILE_ROW_ARMS.items():
                         aplan = gm.linear_plan(t, n, k, sms, tuning)
@@ -750,16 +754,15 @@ def markdown(rows, bw, device) -> str:
         out.append("")
     pk = [r for r in rows if "mma_packed_us" in r]
     if pk:
-        # MoE rows compare with the plans' call (shim_us: both passes register-MMA for these types), dense rows with
-        # the register-MMA kernel on the file's blocks (mma_us)
-        out += ["## Q8_0 and Q6_K packed (gguf_mma.pack: 16-byte code loads) against the file's blocks, register-MMA "
-                "kernels", "",
+        # the plan serving takes on either layout (the shim column of the tables above)
+        out += ["## Q8_0 and Q6_K repacked at load (gguf_mma.pack: 16-byte code loads) against the file's blocks, "
+                "each on the plan serving takes", "",
                 "| what | type | T | file layout µs | packed µs | floor µs | file % floor | packed % floor "
                 "| outputs equal |", "|---|---|---|---|---|---|---|---|---|"]
         for r in pk:
             moe = r["kind"] == "moe"
             what = f"MoE TP {r['tp']}" if moe else f"{r['layer']} [{r['N']}, {r['K']}]"
-            base, base_pct = (r["shim_us"], r["shim_pct_floor"]) if moe else (r["mma_us"], r["mma_pct_floor"])
+            base, base_pct = r["shim_us"], r["shim_pct_floor"]
             out.append(f"| {what} | {r['type']} | {r['T']} | {fmt(base, 1)} | {fmt(r['mma_packed_us'], 1)} | "
                        f"{fmt(r['floor_us'], 1)} | {fmt(base_pct)} | {fmt(r['mma_packed_pct_floor'])} | "
                        f"{'yes' if r['mma_packed_equal'] else '**no**'} |")

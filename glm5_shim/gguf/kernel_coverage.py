@@ -121,13 +121,51 @@ def vllm_moe_decode_faster(qtype13: int, tokens: int, qtype2: int | None = None)
 
 
 def vllm_decodes(*qtypes: int) -> bool:
-    """False when vLLM's ggml kernels decode one of these types wrongly (VLLM_MISDECODED_TYPES)."""
-    return not any(int(t) in VLLM_MISDECODED_TYPES for t in qtypes)
+    """False when vLLM's ggml kernels cannot read one of these weights: a type they decode wrongly
+    (VLLM_MISDECODED_TYPES) or a weight repacked at load (is_packed)."""
+    return not any(int(t) in VLLM_MISDECODED_TYPES or is_packed(t) for t in qtypes)
 
 
 def shim_kernel_covers(ggml_type: int, k: int) -> bool:
-    """True when a weight of this type with input width ``k`` runs on the shim's kernels."""
-    return int(ggml_type) in SHIM_KERNEL_TYPES and k % K_MULTIPLE == 0
+    """True when a weight of this type (or its packed layout) with input width ``k`` runs on the shim's kernels."""
+    return file_type(ggml_type) in SHIM_KERNEL_TYPES and k % K_MULTIPLE == 0
+
+
+# Weights the loader repacks once so the kernels' code loads are 16-byte aligned (kernels/gguf_mma.pack; the same
+# bytes moved, so the products are bit-equal): the file's Q8_0 (34-byte) and Q6_K (210-byte) blocks are only 2-byte
+# aligned.  H200, TP-8 shapes, session 17 (bench/RESULTS.md), register-MMA kernels, µs file -> packed: Q8_0 MoE
+# 38 -> 22 (T = 1), 529 -> 279 (32), 718 -> 347 (64: 75 % of the floor); Q6_K MoE 33 -> 26, 379 -> 285, 508 -> 392;
+# lm_head Q8_0 104 -> 43, Q6_K 77 -> 52 (1 row; vLLM's vector kernel 60 and 64).  Linears and experts only: vLLM's
+# embedding lookup reads the file's layout.  GLM5_SHIM_GGUF_PACK=0 keeps the file's layout.
+LOAD_PACKED_TYPES = (int(_T.Q8_0), int(_T.Q6_K))
+# A packed weight's type, as the loader records it in its layer (qweight_type.weight_type / shard_weight_type), so
+# that the type alone routes every call: vLLM's kernels never see it (vllm_decodes), the shim's read it packed
+PACKED_TYPE_OFFSET = 1 << 10
+# The same types' dense linears at 1-8 rows run on the register-MMA kernels once packed (session 17, µs, packed
+# register-MMA / tile kernel on the file's layout: lm_head Q8_0 43 / 110, q_a+kv_a 10.3 / 24.4, o_proj 8.8 / 18.6;
+# Q6_K 52 / 131, 14.1 / 24.0, 12.2 / 20.0), where the file's Q8_0 stayed on the tile kernel (MMA_LINEAR_TYPES)
+MMA_PACKED_LINEAR_TYPES = LOAD_PACKED_TYPES
+
+
+def packed_type(ggml_type: int) -> int:
+    """The type a weight of ``ggml_type`` is recorded under once repacked (one of LOAD_PACKED_TYPES)."""
+    if int(ggml_type) not in LOAD_PACKED_TYPES:
+        raise ValueError(f"GGUF type {int(ggml_type)} has no packed layout (those: {LOAD_PACKED_TYPES})")
+    return int(ggml_type) + PACKED_TYPE_OFFSET
+
+
+def is_packed(qtype: int) -> bool:
+    return int(qtype) >= PACKED_TYPE_OFFSET
+
+
+def file_type(qtype: int) -> int:
+    """The GGML type of a weight, packed or not."""
+    return int(qtype) - PACKED_TYPE_OFFSET if is_packed(qtype) else int(qtype)
+
+
+def packs_at_load(ggml_type: int, k: int) -> bool:
+    """Whether the loader repacks a linear or expert weight of this type and input width (when packing is on)."""
+    return int(ggml_type) in LOAD_PACKED_TYPES and k % K_MULTIPLE == 0
 
 
 GGUF_BF16_GATE_CAPABILITY = 100  # the threshold vLLM's own gate uses (has_device_capability(100))

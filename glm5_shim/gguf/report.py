@@ -36,8 +36,8 @@ import gguf
 from glm5_shim import settings
 
 from .config import build_hf_config, indexer_layout
-from .kernel_coverage import (MMA_DECODE_TYPES, VLLM_LINEAR_ROWS_TEXT, VLLM_MISDECODED_TYPES, VLLM_MOE_DECODE_TOKENS,
-                              kernel_path)
+from .kernel_coverage import (LOAD_PACKED_TYPES, MMA_DECODE_TYPES, VLLM_LINEAR_ROWS_TEXT, VLLM_MISDECODED_TYPES,
+                              VLLM_MOE_DECODE_TOKENS, kernel_path)
 from .errors import GGUFError
 from .load_plan import MTP_FLAG, LoadPlan, mtp_draft_problem, plan_load, plan_tensors
 from . import memory
@@ -124,8 +124,14 @@ def format_matmul_paths(paths: dict[str, dict[str, int]]) -> str:
     wrong = [t for t in paths["vllm"] if int(gguf.GGMLQuantizationType[t]) in VLLM_MISDECODED_TYPES]
     warning = (f"; WARNING: vLLM 0.23's kernels decode {'/'.join(wrong)} wrongly (an outdated grid: ~2 % error a "
                "matrix), the shim's kernels (GLM5_SHIM_GGUF_KERNELS=shim) do not") if wrong else ""
+    packs = [t for t in paths["shim"] if int(gguf.GGMLQuantizationType[t]) in LOAD_PACKED_TYPES]
+    if packs and settings.gguf_kernels_choice() == "shim" and settings.gguf_pack():
+        repack = (f"; {'/'.join(packs)} linear and expert weights repacked at load for 16-byte loads, the same bytes "
+                  "moved, never on vLLM's kernels (GLM5_SHIM_GGUF_PACK=0 keeps the file's layout)")
+    else:
+        repack = ""
     return (f"GGUF matmuls: shim kernels {listed(paths['shim'])}; vLLM's ggml kernels {listed(paths['vllm'])} "
-            f"({rows_note}{hint}{decode}{warning})")
+            f"({rows_note}{hint}{decode}{repack}{warning})")
 
 
 def mtp_report(model: GGUFModel, config: dict[str, Any], tp_sizes=TP_SIZES) -> dict[str, Any]:

@@ -1,10 +1,12 @@
 """Matmuls on weights kept in llama.cpp's GGUF block formats: a dense linear and a fused MoE (Triton).
 
-Weights stay exactly as the GGUF stores them (vLLM's ``qweight``: uint8 rows of blocks, one row per output
-feature), so nothing is repacked at load time, no memory is added, and vLLM's own kernels can still read the same
-tensors.  Every program walks K in steps of 128 values and turns a step of ``BLOCK_N`` rows into float32 weights in
-registers — Q4_K/Q5_K with :func:`_q45_step` (codes to exact numbers by PTX bit operations, one dot per 32-value
-group; 16-byte aligned rows, so Triton's pipeliner streams them), the other types with :func:`_load_step` /
+Weights stay as the GGUF stores them (vLLM's ``qweight``: uint8 rows of blocks, one row per output feature), no
+memory is added, and vLLM's own kernels can still read the same tensors — except Q8_0 and Q6_K linear and expert
+weights, which the loader repacks once (``gguf_mma.pack``: the same bytes moved so code loads are 16-byte aligned;
+``loading/gguf_repack.py``) and every kernel here reads with ``packed=True`` (PACKED).  Every program walks K in
+steps of 128 values and turns a step of ``BLOCK_N`` rows into float32 weights in registers — Q4_K/Q5_K with
+:func:`_q45_step` (codes to exact numbers by PTX bit operations, one dot per 32-value group; 16-byte aligned rows,
+so Triton's pipeliner streams them), the other types with :func:`_load_step` /
 :func:`_decode_step` (integers through 2**23-magic floats; step i + 1's loads issued before step i decodes) — casts
 them to the activation dtype and feeds ``tl.dot`` with fp32 accumulation.  No int-to-float conversion instruction
 is used: it runs at a quarter of the FMA rate.  The weight is rounded once to the activation dtype (bf16: 2**-9
@@ -61,8 +63,9 @@ import triton.language as tl
 
 from glm5_shim import settings
 from glm5_shim.gguf.kernel_coverage import (K_MULTIPLE, MMA_LINEAR_MAX_ROWS, MMA_LINEAR_TYPES,
-                                            MMA_MOE_MAX_ROWS_PER_EXPERT, MOE_DEQUANT_DEFAULT_MIN_ROWS,
-                                            MOE_DEQUANT_MIN_ROWS_PER_EXPERT, SHIM_KERNEL_TYPES)
+                                            MMA_MOE_MAX_ROWS_PER_EXPERT, MMA_PACKED_LINEAR_TYPES,
+                                            MOE_DEQUANT_DEFAULT_MIN_ROWS, MOE_DEQUANT_MIN_ROWS_PER_EXPERT,
+                                            SHIM_KERNEL_TYPES)
 from glm5_shim.kernels import arrivals, gguf_mma
 from glm5_shim.kernels.device import cuda_capability_and_sms
 
@@ -95,7 +98,10 @@ def block_bytes(qtype: int) -> tuple[int, int]:
     return gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(qtype)]
 
 
-def row_bytes(qtype: int, k: int) -> int:
+def row_bytes(qtype: int, k: int, packed: bool = False) -> int:
+    """Bytes of a row of k values: the file's blocks, or (packed) gguf_mma.pack's layout of them."""
+    if packed:
+        return gguf_mma.packed_row_bytes(qtype, k)
     values, nbytes = block_bytes(qtype)
     return k // values * nbytes
 
@@ -163,12 +169,31 @@ def _word32(pairs):
 
 
 @triton.jit
-def _load_step(wp, i, QTYPE: tl.constexpr):
+def _load_step(wp, i, QTYPE: tl.constexpr, PACKED: tl.constexpr = False, num_sb=0):
     """Issue the loads of step i (values k in [128 i, 128 i + 128)) of the weight rows at byte pointers ``wp``
     ([BLOCK_N]); :func:`_decode_step` turns them into weights.  Split in two so a loop can issue step i + 1's
     loads before it decodes step i (the scale loads are too small for Triton's async-copy pipeline, and on rows
-    only 2-byte aligned — Q6_K, Q8_0 — so are the codes: prefetching hides their latency instead)."""
-    if QTYPE == 8:  # Q8_0: four 34-byte blocks
+    only 2-byte aligned — Q6_K, Q8_0 — so are the codes: prefetching hides their latency instead).  PACKED: a Q8_0
+    or Q6_K row in gguf_mma.pack's layout (the same bytes moved; num_sb: the row's 256-value super-blocks), loaded
+    into the same registers as the file's layout, so :func:`_decode_step` is shared."""
+    if QTYPE == 8 and PACKED:  # pack_q8_0: each 256-value group's 8 d (16 bytes), then its 256 codes
+        gp = wp + (i // 2) * 272
+        b = 4 * (i % 2) + tl.arange(0, 4)                                                    # blocks of the group
+        d = tl.load((gp[:, None] + 2 * b[None, :]).to(tl.pointer_type(tl.int16)))          # [BN, 4]
+        q = tl.load(gp[:, None, None] + 16 + 32 * b[None, :, None] + tl.arange(0, 32)[None, None, :])
+        return d, q, q, q
+    elif QTYPE == 14 and PACKED:  # pack_q6_k: the row's code bytes (192 a super-block), its scales, its d
+        cp = wp + (i // 2) * 192
+        hf = i % 2
+        s = tl.arange(0, 8)[None, :, None]
+        l16 = tl.arange(0, 16)[None, None, :]
+        p3 = cp[:, None, None]
+        ql = tl.load(p3 + 64 * hf + 32 * ((s // 2) % 2) + 16 * (s % 2) + l16)               # [BN, 8, 16]
+        qh = tl.load(p3 + 128 + 32 * hf + 16 * (s % 2) + l16)
+        sc = tl.load(wp[:, None] + num_sb * 192 + (i // 2) * 16 + 8 * hf + tl.arange(0, 8)[None, :])
+        d = tl.load((wp + num_sb * 208 + (i // 2) * 2).to(tl.pointer_type(tl.int16)))
+        return d, ql, qh, sc
+    elif QTYPE == 8:  # Q8_0: four 34-byte blocks
         bp = wp[:, None] + (4 * i + tl.arange(0, 4))[None, :] * 34                         # [BN, 4]
         d = tl.load(bp.to(tl.pointer_type(tl.int16)))
         q = tl.load(bp[:, :, None] + 2 + tl.arange(0, 32)[None, None, :])                  # [BN, 4, 32]
@@ -679,7 +704,8 @@ def _reset(counter):
 @triton.jit
 def _linear_kernel(x_ptr, w_ptr, grid_ptr, out_ptr, final_ptr, counter_ptr, M, N, stride_xm, stride_wn, stride_os,
                    stride_om, stride_fm, steps_per_split, num_steps, QTYPE: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, REDUCE: tl.constexpr):
+                   BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, REDUCE: tl.constexpr,
+                   PACKED: tl.constexpr = False):
     """out[s, m, n] = sum over the K steps of split s of x[m, k] * W[n, k]  (one split: out is x @ W.T).  REDUCE:
     out holds float32 planes, and the last program of each tile to finish (kernels/arrivals.py) writes their sum
     to final."""
@@ -701,9 +727,9 @@ def _linear_kernel(x_ptr, w_ptr, grid_ptr, out_ptr, final_ptr, counter_ptr, M, N
             acc = _q45_step(acc, xq, m_ok, wp, i, QTYPE, x_ptr.dtype.element_ty == tl.bfloat16,
                             x_ptr.dtype.element_ty == tl.float32, DOT_PRECISION)
     else:
-        raw = _load_step(wp, first, QTYPE)
+        raw = _load_step(wp, first, QTYPE, PACKED, num_steps // 2)
         for i in range(first, last):
-            nxt = _load_step(wp, tl.minimum(i + 1, last - 1), QTYPE)  # step i + 1's loads in flight while i decodes
+            nxt = _load_step(wp, tl.minimum(i + 1, last - 1), QTYPE, PACKED, num_steps // 2)  # in flight: i decodes
             a = tl.load(xp + i * 128, mask=m_ok[:, None], other=0.0)
             w = _decode_step(raw, i, grid_ptr, QTYPE, BLOCK_N).to(a.dtype)
             acc = tl.dot(a, tl.trans(w), acc, input_precision=DOT_PRECISION)
@@ -725,7 +751,7 @@ def _linear_kernel(x_ptr, w_ptr, grid_ptr, out_ptr, final_ptr, counter_ptr, M, N
 
 @triton.jit
 def _dequant_kernel(w_ptr, grid_ptr, out_ptr, N, stride_wn, stride_on, num_steps, steps_per_program,
-                    QTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
+                    QTYPE: tl.constexpr, BLOCK_N: tl.constexpr, PACKED: tl.constexpr = False):
     """out[n, 128 i : 128 i + 128] = the weights of step i of row n, in out's dtype (grid: row blocks x runs of
     steps_per_program steps; a run's next step loads while this one decodes and stores)."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -750,9 +776,9 @@ def _dequant_kernel(w_ptr, grid_ptr, out_ptr, N, stride_wn, stride_on, num_steps
                     op = orow + i * 128 + 32 * (2 * cc + h) + tl.arange(0, 32)[None, :]
                     tl.store(op, w.to(out_ptr.dtype.element_ty), mask=ok)
     else:
-        raw = _load_step(wp, first, QTYPE)
+        raw = _load_step(wp, first, QTYPE, PACKED, num_steps // 2)
         for i in range(first, last):
-            nxt = _load_step(wp, tl.minimum(i + 1, last - 1), QTYPE)   # in flight while step i decodes
+            nxt = _load_step(wp, tl.minimum(i + 1, last - 1), QTYPE, PACKED, num_steps // 2)  # in flight: i decodes
             w = _decode_step(raw, i, grid_ptr, QTYPE, BLOCK_N)
             tl.store(orow + i * 128 + tl.arange(0, 128)[None, :], w.to(out_ptr.dtype.element_ty), mask=ok)
             raw = nxt
@@ -785,7 +811,8 @@ def _moe_kernel(x_ptr, w_ptr, grid_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, ex
                 final_ptr, counter_ptr, N, num_steps, steps_per_split, num_valid, a_row_div, stride_xm, stride_we,
                 stride_wn, stride_os, stride_om, stride_fm, QTYPE: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, GATED: tl.constexpr, ROUTE_WEIGHTED: tl.constexpr,
-                DOT_PRECISION: tl.constexpr, REDUCE: tl.constexpr = False, PROBE: tl.constexpr = 0):
+                DOT_PRECISION: tl.constexpr, REDUCE: tl.constexpr = False, PROBE: tl.constexpr = 0,
+                PACKED: tl.constexpr = False):
     """One (block of BLOCK_M routed rows of one expert) x (BLOCK_N output features) x (K split) tile.
 
     PROBE (bench/gguf_matmul.py --parts probe only; 0 in serving, where it compiles to the same SASS): Q4_K codes
@@ -827,12 +854,13 @@ def _moe_kernel(x_ptr, w_ptr, grid_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, ex
             if GATED:
                 acc_u = _q45_step(acc_u, xq, ok, wp_u, i, QTYPE, BF16, F32, DOT_PRECISION, PROBE)
     else:
-        raw_g = _load_step(wp_g, first, QTYPE)
-        raw_u = _load_step(wp_u, first, QTYPE) if GATED else raw_g
+        num_sb = num_steps // 2
+        raw_g = _load_step(wp_g, first, QTYPE, PACKED, num_sb)
+        raw_u = _load_step(wp_u, first, QTYPE, PACKED, num_sb) if GATED else raw_g
         for i in range(first, last):
             nxt = tl.minimum(i + 1, last - 1)  # step i + 1's loads in flight while i decodes
-            nxt_g = _load_step(wp_g, nxt, QTYPE)
-            nxt_u = _load_step(wp_u, nxt, QTYPE) if GATED else nxt_g
+            nxt_g = _load_step(wp_g, nxt, QTYPE, PACKED, num_sb)
+            nxt_u = _load_step(wp_u, nxt, QTYPE, PACKED, num_sb) if GATED else nxt_g
             a = tl.load(xp + i * 128, mask=ok[:, None], other=0.0)
             acc = tl.dot(a, tl.trans(_decode_step(raw_g, i, grid_ptr, QTYPE, BLOCK_N).to(a.dtype)), acc,
                          input_precision=DOT_PRECISION)
@@ -962,16 +990,18 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"  # 16-bit dots ignore it; fp32 ones must not use tf32
 
 
-def _check_weight(w: torch.Tensor, qtype: int, k: int, what: str) -> None:
+def _check_weight(w: torch.Tensor, qtype: int, k: int, what: str, packed: bool = False) -> None:
     if qtype not in SUPPORTED_TYPES:
         raise ValueError(f"{what}: GGUF type {qtype} has no shim kernel (supported: {SUPPORTED_TYPES})")
+    if packed and int(qtype) not in gguf_mma.PACKERS:
+        raise ValueError(f"{what}: GGUF type {qtype} has no packed layout (PACKERS: {tuple(gguf_mma.PACKERS)})")
     if w.dtype != torch.uint8:
         raise ValueError(f"{what}: expected uint8 GGUF blocks, found {w.dtype}")
     if k % K_MULTIPLE:
         raise ValueError(f"{what}: K={k} is not a multiple of {K_MULTIPLE}")
-    if w.shape[-1] < row_bytes(qtype, k) or w.stride(-1) != 1:
+    if w.shape[-1] < row_bytes(qtype, k, packed) or w.stride(-1) != 1:
         raise ValueError(f"{what}: rows of {w.shape[-1]} bytes (stride {w.stride(-1)}), expected "
-                         f"{row_bytes(qtype, k)} contiguous bytes for K={k}")
+                         f"{row_bytes(qtype, k, packed)} contiguous bytes for K={k}{' packed' if packed else ''}")
     if w.data_ptr() % 2 or any(st % 2 for st in w.stride()[:-1]):  # the kernels read scales as 16-bit words
         raise ValueError(f"{what}: rows start at odd byte addresses (address {w.data_ptr()}, strides {w.stride()}), "
                          "expected 2-byte aligned rows")
@@ -1037,10 +1067,12 @@ DEQUANT_TUNING = dict(BLOCK_N=32, steps=4, num_warps=4, num_stages=3)
 
 
 def gguf_dequantize(qweight: torch.Tensor, qtype: int, k: int, dtype: torch.dtype,
-                    out: torch.Tensor | None = None, tuning: dict | None = None) -> torch.Tensor:
-    """[N, row bytes] GGUF blocks -> [N, k] in ``dtype`` (each weight rounded once)."""
+                    out: torch.Tensor | None = None, tuning: dict | None = None, packed: bool = False
+                    ) -> torch.Tensor:
+    """[N, row bytes] GGUF blocks (packed: in gguf_mma.pack's layout) -> [N, k] in ``dtype`` (each weight rounded
+    once)."""
     n = qweight.shape[0]
-    _check_weight(qweight, qtype, k, "gguf_dequantize weight")
+    _check_weight(qweight, qtype, k, "gguf_dequantize weight", packed)
     out = torch.empty(n, k, dtype=dtype, device=qweight.device) if out is None else out
     if n:
         t = {**DEQUANT_TUNING, **(tuning or {})}
@@ -1048,30 +1080,33 @@ def gguf_dequantize(qweight: torch.Tensor, qtype: int, k: int, dtype: torch.dtyp
         per = min(steps, t["steps"])
         _dequant_kernel[(triton.cdiv(n, t["BLOCK_N"]), triton.cdiv(steps, per))](
             qweight, _grid_arg(qtype, qweight), out, n, qweight.stride(0), out.stride(0), steps, per, QTYPE=qtype,
-            BLOCK_N=t["BLOCK_N"], num_warps=t["num_warps"], num_stages=t["num_stages"])
+            BLOCK_N=t["BLOCK_N"], PACKED=packed, num_warps=t["num_warps"], num_stages=t["num_stages"])
     return out
 
 
 def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int, n: int | None = None,
-                plan: dict | None = None) -> torch.Tensor:
+                plan: dict | None = None, packed: bool = False) -> torch.Tensor:
     """``x @ W.T`` for a GGUF weight ``qweight`` ([N, row bytes] uint8; rows may be padded wider, as vLLM pads
-    merged linears).  x: [M, K] float16/bfloat16/float32; returns [M, N] in x's dtype."""
+    merged linears; packed: in gguf_mma.pack's layout).  x: [M, K] float16/bfloat16/float32; returns [M, N] in
+    x's dtype."""
     m, k = x.shape
     n = qweight.shape[0] if n is None else n
-    _check_weight(qweight, qtype, k, "gguf_linear weight")
+    _check_weight(qweight, qtype, k, "gguf_linear weight", packed)
     x = x if x.stride(-1) == 1 else x.contiguous()
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    if plan is None and m <= mma_linear_max_rows(qtype) and mma_decode(qtype, k, x.dtype, weight=qweight, linear=True):
-        return gguf_mma.linear(x, qweight, qtype, n, _num_sms(x.device), grid_table=_grid_arg(qtype, qweight))
+    if (plan is None and m <= mma_linear_max_rows(qtype)
+            and mma_decode(qtype, k, x.dtype, weight=qweight, linear=True, packed=packed)):
+        return gguf_mma.linear(x, qweight, qtype, n, _num_sms(x.device), grid_table=_grid_arg(qtype, qweight),
+                               packed=packed)
     plan = plan or linear_plan(m, n, k, _num_sms(x.device))
     if plan["dequant"]:
         rows = max(32, DEQUANT_CHUNK_BYTES // (k * x.element_size()) // 32 * 32)
         scratch = torch.empty(min(rows, n), k, dtype=x.dtype, device=x.device)
         for n0 in range(0, n, rows):
             n1 = min(n, n0 + rows)
-            w = gguf_dequantize(qweight[n0:n1], qtype, k, x.dtype, out=scratch[: n1 - n0])
+            w = gguf_dequantize(qweight[n0:n1], qtype, k, x.dtype, out=scratch[: n1 - n0], packed=packed)
             if n1 - n0 == n:
                 torch.matmul(x, w.T, out=out)
             else:  # a column slice of out is not contiguous: matmul cannot write it in place
@@ -1088,8 +1123,8 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int, n: int | Non
                          arrivals.counters(x.device) if reduce else out, m, n, x.stride(0), qweight.stride(0),
                          dst.stride(0) if split > 1 else 0, dst.stride(-2), out.stride(0), plan["steps_per_split"],
                          k // STEP_K, QTYPE=qtype, BLOCK_M=plan["BLOCK_M"], BLOCK_N=plan["BLOCK_N"],
-                         DOT_PRECISION=_dot_precision(x.dtype), REDUCE=reduce, num_warps=plan["num_warps"],
-                         num_stages=plan["num_stages"])
+                         DOT_PRECISION=_dot_precision(x.dtype), REDUCE=reduce, PACKED=packed,
+                         num_warps=plan["num_warps"], num_stages=plan["num_stages"])
     if split > 1 and not reduce:
         out.copy_(dst.sum(0))
     return out
@@ -1102,16 +1137,18 @@ def mma_linear_max_rows(qtype: int) -> int:
 
 
 def mma_decode(qtype: int, k: int, dtype: torch.dtype, mma: bool | None = None,
-               weight: torch.Tensor | None = None, linear: bool = False) -> bool:
+               weight: torch.Tensor | None = None, linear: bool = False, packed: bool = False) -> bool:
     """Whether a decode-sized product of this weight runs on the register-MMA kernels (kernels/gguf_mma.py):
     GLM5_SHIM_GGUF_DECODE=mma (the default; or ``mma``), a type and dtype they cover (a dense ``linear``: one of
-    kernel_coverage.MMA_LINEAR_TYPES), and rows aligned as they load them."""
+    kernel_coverage.MMA_LINEAR_TYPES, or of MMA_PACKED_LINEAR_TYPES when ``packed``), and rows aligned as they
+    load them."""
     wanted = settings.gguf_decode_choice() == "mma" if mma is None else mma
     # mma=True (a plan's explicit ask: the bench, the tests) takes every type the kernel computes
     types = gguf_mma.KERNEL_TYPES if mma is True else gguf_mma.MMA_TYPES
+    linear_types = MMA_PACKED_LINEAR_TYPES if packed else MMA_LINEAR_TYPES
     return (wanted and gguf_mma.covers(qtype, k, dtype, types)
-            and (not linear or mma is True or int(qtype) in MMA_LINEAR_TYPES)
-            and (weight is None or gguf_mma.aligned(weight, qtype)))
+            and (not linear or mma is True or int(qtype) in linear_types)
+            and (weight is None or gguf_mma.aligned(weight, qtype, packed)))
 
 
 def moe_align(topk_ids: torch.Tensor, block_m: int, num_experts: int):
@@ -1176,7 +1213,8 @@ MOE_DEQUANT_CHUNK_BYTES = 512 << 20
 MOE_DEQUANT_TUNING = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3)
 
 
-def _moe_dequantized(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan: dict, align, out) -> torch.Tensor:
+def _moe_dequantized(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan: dict, align, out,
+                     packed: tuple[bool, bool]) -> torch.Tensor:
     """gguf_moe on experts dequantized a chunk at a time (see MOE_DEQUANT_CHUNK_BYTES)."""
     t, h = x.shape
     e, two_i, _ = w13.shape
@@ -1192,15 +1230,15 @@ def _moe_dequantized(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan: 
     act = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
     down = torch.empty(pairs, h, dtype=x.dtype, device=x.device)  # rounded once before the top-k sum
     route_w = topk_weights.reshape(-1)
-    for w, qtype, k, n_out, a, dst, gated in ((w13, qtype13, h, inter, x, act, True),
-                                              (w2, qtype2, inter, h, act, down, False)):
+    for w, qtype, k, n_out, a, dst, gated, pk in ((w13, qtype13, h, inter, x, act, True, packed[0]),
+                                                  (w2, qtype2, inter, h, act, down, False, packed[1])):
         rows = w.shape[1]
         grid = (expert_ids.numel() * triton.cdiv(n_out, tun["BLOCK_N"]),)
         for start in range(0, e, chunk):
             n = min(chunk, e - start)
             wd = scratch[:n * rows * k].view(n, rows, k)
             gguf_dequantize(w[start:start + n].reshape(n * rows, w.shape[2]), qtype, k, x.dtype,
-                            out=wd.view(n * rows, k), tuning=plan.get("dequantize_tuning"))
+                            out=wd.view(n * rows, k), tuning=plan.get("dequantize_tuning"), packed=pk)
             _moe_dense_kernel[grid](a, wd, dst, route_w, sorted_ids, expert_ids, num_padded, n_out, k, pairs,
                                     top_k if gated else 1, start, n, a.stride(0), wd.stride(0), wd.stride(1),
                                     dst.stride(0), BLOCK_M=tun["BLOCK_M"], BLOCK_N=tun["BLOCK_N"],
@@ -1211,50 +1249,52 @@ def _moe_dequantized(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan: 
 
 
 def gguf_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-             topk_ids: torch.Tensor, qtype13: int, qtype2: int, *, align=None, plan: dict | None = None
-             ) -> torch.Tensor:
+             topk_ids: torch.Tensor, qtype13: int, qtype2: int, *, align=None, plan: dict | None = None,
+             packed13: bool = False, packed2: bool = False) -> torch.Tensor:
     """Routed experts with SiLU: sum over the top-k slots of weight * (SiLU(x W_gate^T) * (x W_up^T)) W_down^T.
 
     x [T, H]; w13 [E, 2I, row bytes of H] (gate rows then up rows); w2 [E, H, row bytes of I]; topk_* [T, top_k].
+    packed13 / packed2: that weight is in gguf_mma.pack's layout (Q8_0, Q6_K).
     ``align(topk_ids, block_m, num_experts)`` may replace :func:`moe_align` (vLLM's CUDA op does the same)."""
     t, h = x.shape
     e, two_i, _ = w13.shape
     inter = two_i // 2
     top_k = topk_ids.shape[1]
-    _check_weight(w13, qtype13, h, "gguf_moe w13")
-    _check_weight(w2, qtype2, inter, "gguf_moe w2")
+    _check_weight(w13, qtype13, h, "gguf_moe w13", packed13)
+    _check_weight(w2, qtype2, inter, "gguf_moe w2", packed2)
     out = torch.empty_like(x)
     if t == 0:
         return out
     x = x if x.stride(-1) == 1 else x.contiguous()
-    plan = plan or chosen_moe_plan(t, top_k, x.dtype, w13, w2, qtype13, qtype2)
-    if plan.get("packed") and (plan.get("dequant") or plan["fused_gate"]):
-        raise ValueError("gguf_moe: packed experts (gguf_mma.pack) run on the register-MMA decode passes only, not "
-                         f"on the {moe_regime(plan)}")
+    packed = (packed13, packed2)
+    plan = plan or chosen_moe_plan(t, top_k, x.dtype, w13, w2, qtype13, qtype2, packed)
     if plan.get("dequant"):
-        return _moe_dequantized(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan, align or moe_align, out)
+        return _moe_dequantized(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan, align or moe_align, out,
+                                packed)
     if not plan["fused_gate"]:
-        return _moe_decode(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan, align or moe_align, out)
+        return _moe_decode(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan, align or moe_align, out,
+                           packed)
     bm = plan["BLOCK_M"]
     sorted_ids, expert_ids, num_padded = (align or moe_align)(topk_ids, bm, e)
     pairs = t * top_k
     act = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
     _tile_pass(x, w13, qtype13, act, (sorted_ids, expert_ids, num_padded), plan, n=inter, split=1,
-               per_split=h // STEP_K, num_valid=pairs, a_row_div=top_k, gated=True)
+               per_split=h // STEP_K, num_valid=pairs, a_row_div=top_k, gated=True, packed=packed13)
     down = torch.empty(pairs, h, dtype=x.dtype, device=x.device)  # rounded once before the top-k sum
     _tile_pass(act, w2, qtype2, down, (sorted_ids, expert_ids, num_padded), plan, n=h, split=1,
-               per_split=inter // STEP_K, num_valid=pairs, route_w=topk_weights.reshape(-1), bn=plan["BLOCK_N_W2"])
+               per_split=inter // STEP_K, num_valid=pairs, route_w=topk_weights.reshape(-1), bn=plan["BLOCK_N_W2"],
+               packed=packed2)
     return torch.sum(down.view(t, top_k, h), dim=1, out=out)
 
 
 def chosen_moe_plan(num_tokens: int, top_k: int, dtype: torch.dtype, w13: torch.Tensor, w2: torch.Tensor,
-                    qtype13: int, qtype2: int) -> dict:
+                    qtype13: int, qtype2: int, packed: tuple[bool, bool] = (False, False)) -> dict:
     """The plan gguf_moe takes for this call: the register-MMA (decode) regime where it covers both passes, else
     the experts dequantized or the prefill tiles, by the rows an expert gets."""
     e, two_i, _ = w13.shape
     h, inter = w2.shape[1], two_i // 2
     rows = num_tokens * top_k / e
-    mma = _mma_regime(rows, dtype, w13, w2, qtype13, qtype2, h, inter)
+    mma = _mma_regime(rows, dtype, w13, w2, qtype13, qtype2, h, inter, packed)
     return moe_plan(num_tokens, top_k, e, decode=mma, dequant=not mma and _dequant_regime(rows, dtype, qtype13, qtype2))
 
 
@@ -1274,20 +1314,22 @@ def _dequant_regime(rows_per_expert: float, dtype: torch.dtype, qtype13: int, qt
     return dtype in (torch.float16, torch.bfloat16) and rows_per_expert >= threshold
 
 
-def _mma_regime(rows_per_expert: float, dtype, w13, w2, qtype13: int, qtype2: int, h: int, inter: int
-                ) -> bool | None:
+def _mma_regime(rows_per_expert: float, dtype, w13, w2, qtype13: int, qtype2: int, h: int, inter: int,
+                packed: tuple[bool, bool] = (False, False)) -> bool | None:
     """True where a MoE past the common decode threshold stays in the decode regime because both its passes run
     on the register-MMA kernels and kernel_coverage.MMA_MOE_MAX_ROWS_PER_EXPERT says they are faster there; None
     (moe_plan decides by the common threshold) otherwise."""
     if rows_per_expert <= MOE_DECODE_MAX_ROWS_PER_EXPERT:
         return None
     limit = min(MMA_MOE_MAX_ROWS_PER_EXPERT.get(int(q), 0) for q in (qtype13, qtype2))
-    mma = mma_decode(qtype13, h, dtype, weight=w13) and mma_decode(qtype2, inter, dtype, weight=w2)
+    mma = (mma_decode(qtype13, h, dtype, weight=w13, packed=packed[0])
+           and mma_decode(qtype2, inter, dtype, weight=w2, packed=packed[1]))
     return True if mma and rows_per_expert <= limit else None
 
 
 def _tile_pass(a, w, qtype: int, out, route, plan: dict, *, n: int, split: int, per_split: int, num_valid: int,
-               a_row_div: int = 1, gated: bool = False, route_w=None, final=None, bn: int | None = None) -> None:
+               a_row_div: int = 1, gated: bool = False, route_w=None, final=None, bn: int | None = None,
+               packed: bool = False) -> None:
     """One launch of the tile MoE kernel over moe_align's blocks of plan["BLOCK_M"] rows: gated (w13 unsplit, n =
     I: out = the activations), a product (out rows, times route_w when given) or, with final, w13 split over K
     (float32 planes out [split, rows, n = 2 I], gated by the last program of each gate/up tile pair into final)."""
@@ -1300,11 +1342,12 @@ def _tile_pass(a, w, qtype: int, out, route, plan: dict, *, n: int, split: int, 
         a.shape[1] // STEP_K, per_split, num_valid, a_row_div, a.stride(0), w.stride(0), w.stride(1),
         out.stride(0) if out.dim() == 3 else 0, out.stride(-2), final.stride(0) if final is not None else 0,
         QTYPE=qtype, BLOCK_M=plan["BLOCK_M"], BLOCK_N=bn, GATED=gated, ROUTE_WEIGHTED=route_w is not None,
-        DOT_PRECISION=_dot_precision(a.dtype), REDUCE=final is not None, PROBE=plan.get("probe", 0),
+        DOT_PRECISION=_dot_precision(a.dtype), REDUCE=final is not None, PROBE=plan.get("probe", 0), PACKED=packed,
         num_warps=plan["num_warps"], num_stages=plan["num_stages"])
 
 
-def _moe_decode(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan: dict, align, out) -> torch.Tensor:
+def _moe_decode(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan: dict, align, out,
+                packed: tuple[bool, bool] = (False, False)) -> torch.Tensor:
     """The decode MoE (experts see a few rows each), each pass on the register-MMA kernel where it covers the
     weight (mma_decode), else on the tile kernel:
 
@@ -1321,12 +1364,9 @@ def _moe_decode(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan: dict,
     top_k = topk_ids.shape[1]
     pairs = t * top_k
     num_sms = _num_sms(x.device)
-    mma13 = mma_decode(qtype13, h, x.dtype, plan.get("mma"), w13)
-    mma2 = mma_decode(qtype2, inter, x.dtype, plan.get("mma"), w2)
-    packed = bool(plan.get("packed"))   # both weights in gguf_mma.pack's layout (the bench's mma_packed arm)
-    if packed and not (mma13 and mma2):
-        raise ValueError("gguf_moe: packed experts need both passes on the register-MMA kernels (plan mma=True, "
-                         "16-bit activations, K a multiple of 256)")
+    packed13, packed2 = packed
+    mma13 = mma_decode(qtype13, h, x.dtype, plan.get("mma"), w13, packed=packed13)
+    mma2 = mma_decode(qtype2, inter, x.dtype, plan.get("mma"), w2, packed=packed2)
     tuning13 = gguf_mma.tuning_for(qtype13, plan.get("mma_tuning"))
     tuning2 = gguf_mma.tuning_for(qtype2, plan.get("mma_tuning"))
     fused = plan.get("fused_epilogues", True)
@@ -1362,7 +1402,7 @@ def _moe_decode(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan: dict,
         gguf_mma.launch(x, w13, part, qtype=qtype13, n=two_i, num_valid=pairs, num_blocks=blocks, split=split,
                         sb_per_split=per, a_row_div=top_k, route=route, routing=routing,
                         final=act if gated else None, gated=gated, grid_table=_grid_arg(qtype13, w13),
-                        tuning=tuning13, cols=gguf_mma.TOKENS if direct else cols, packed=packed)
+                        tuning=tuning13, cols=gguf_mma.TOKENS if direct else cols, packed=packed13)
     else:
         split, per = _split(busy * triton.cdiv(two_i, plan["BLOCK_N"]), h // STEP_K, num_sms, plan["ctas_per_sm"])
         part = torch.empty(split, pairs, two_i, dtype=torch.float32, device=x.device)
@@ -1370,7 +1410,7 @@ def _moe_decode(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan: dict,
         gated = (fused and inter % plan["BLOCK_N"] == 0
                  and arrivals.in_kernel(route[1].numel() * triton.cdiv(inter, plan["BLOCK_N"])))
         _tile_pass(x, w13, qtype13, part, route, plan, n=two_i, split=split, per_split=per,
-                   num_valid=pairs, a_row_div=top_k, final=act if gated else None)
+                   num_valid=pairs, a_row_div=top_k, final=act if gated else None, packed=packed13)
     if not gated:   # the w13 launch left its split planes: SiLU(gate) * up of their sums in a launch of its own
         _silu_mul_splits_kernel[(pairs, triton.cdiv(inter, SILU_BLOCK))](
             part, act, split, inter, part.stride(0), part.stride(1), act.stride(0), BLOCK=SILU_BLOCK, num_warps=4)
@@ -1381,17 +1421,18 @@ def _moe_decode(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan: dict,
         gguf_mma.launch(act, w2, dst, qtype=qtype2, n=h, num_valid=t, num_blocks=t, split=split, sb_per_split=per,
                         route=(None, ids_flat, None, route_w), routing=gguf_mma.TOKEN_SUM.value, top_k=top_k,
                         final=None if split == 1 else out, grid_table=_grid_arg(qtype2, w2), tuning=tuning2,
-                        packed=packed)
+                        packed=packed2)
         return out
     down = torch.empty(pairs, h, dtype=x.dtype, device=x.device)  # rounded once before the top-k sum
     if mma2:
         route = sorted_route(cols)
         gguf_mma.launch(act, w2, down, qtype=qtype2, n=h, num_valid=pairs, num_blocks=route[1].numel(), split=1,
                         sb_per_split=inter // 256, route=(*route, route_w), grid_table=_grid_arg(qtype2, w2),
-                        tuning=tuning2, cols=cols, packed=packed)
+                        tuning=tuning2, cols=cols, packed=packed2)
     else:
         _tile_pass(act, w2, qtype2, down, sorted_route(plan["BLOCK_M"]), plan, n=h, split=1,
-                   per_split=inter // STEP_K, num_valid=pairs, route_w=route_w, bn=plan["BLOCK_N_W2"])
+                   per_split=inter // STEP_K, num_valid=pairs, route_w=route_w, bn=plan["BLOCK_N_W2"],
+                   packed=packed2)
     return torch.sum(down.view(t, top_k, h), dim=1, out=out)
 
 
@@ -1454,6 +1495,9 @@ def kernel_configs() -> list[dict]:
                                  constexprs=dict(QTYPE=qt, BLOCK_M=p["BLOCK_M"], BLOCK_N=bn, GATED=gated,
                                                  ROUTE_WEIGHTED=weighted, DOT_PRECISION="tf32", REDUCE=reduce),
                                  divisible_by_16=("x_ptr", "w_ptr", "grid_ptr", "out_ptr", "stride_xm", "stride_om")))
+    # weights repacked at load (gguf_mma.PACKERS' types): every tile variant again on their layout
+    cfgs += [dict(c, name=f"{c['name']} packed", constexprs=dict(c["constexprs"], PACKED=True)) for c in list(cfgs)
+             if c["constexprs"]["QTYPE"] in gguf_mma.PACKERS]
     t = MOE_DEQUANT_TUNING
     for gated in (True, False):
         cfgs.append(dict(name=f"moe 16-bit weights{' gated' if gated else ' weighted'}", kernel=_moe_dense_kernel,

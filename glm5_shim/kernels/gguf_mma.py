@@ -852,9 +852,12 @@ def covers(qtype: int, k: int, dtype, types: tuple = MMA_TYPES) -> bool:
 ROW_ALIGN = {Q4_K: 4, Q5_K: 4, Q6_K: 2, Q8_0: 2, IQ2_XXS: 2, IQ2_S: 2}
 
 
-def aligned(w, qtype: int) -> bool:
+PACKED_ROW_ALIGN = 16   # pack's layouts: each thread's code bytes are one 16-byte load
+
+
+def aligned(w, qtype: int, packed: bool = False) -> bool:
     """Whether the rows (and experts) of w start where the kernel's loads need them to."""
-    a = ROW_ALIGN[int(qtype)]
+    a = PACKED_ROW_ALIGN if packed else ROW_ALIGN[int(qtype)]
     return w.data_ptr() % a == 0 and all(st % a == 0 for st in w.stride()[:-1])
 
 
@@ -942,8 +945,8 @@ def linear(x, qweight, qtype: int, n: int, num_sms: int, tuning: dict | None = N
 # (fp16 d, 32 int8 codes) are only 2-byte aligned, so a thread's 16 code bytes took eight 2-byte loads (session 15's
 # table: Q8_0 at 27-36 % of its read floor, below Q4_K's 16-byte-aligned blocks although its decode is cheaper).
 # Packed, each group of 8 blocks (256 values, 272 bytes: the same size) holds its 8 d first (16 bytes), then its 256
-# codes in block order.  Exact: the same bytes, moved.  Not yet used by the plans: bench/gguf_matmul.py's dense
-# part times it against the file's layout (the mma_packed arm) before anything loads weights this way.
+# codes in block order.  Exact: the same bytes, moved.  Measured on the H200 (session 17): Q8_0 MoE decode at 42-75 %
+# of the bandwidth floor against 24-36 % in the file's layout; serving repacks at load (loading/gguf_repack.py).
 Q8_0_GROUP_BLOCKS, Q8_0_BLOCK_BYTES = 8, gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_0][1]
 
 
@@ -1014,6 +1017,15 @@ def unpack_q6_k(w, k: int):
 PACKERS = {Q8_0: (pack_q8_0, lambda w, k: unpack_q8_0(w)), Q6_K: (pack_q6_k, unpack_q6_k)}
 
 
+def packed_row_bytes(qtype: int, k: int) -> int:
+    """Bytes of a row of k values (a multiple of 256) in its type's packed layout."""
+    if int(qtype) == Q6_K:
+        return q6_k_packed_row_bytes(k)
+    if int(qtype) == Q8_0:
+        return k // SB_VALUES.value * Q8_0_GROUP_BLOCKS * Q8_0_BLOCK_BYTES
+    raise ValueError(f"GGUF type {qtype} has no packed layout (PACKERS: {tuple(PACKERS)})")
+
+
 def pack(w, qtype: int):
     """w (the file's layout) in its type's packed layout (PACKERS)."""
     return PACKERS[int(qtype)][0](w)
@@ -1058,12 +1070,11 @@ def kernel_configs() -> list[dict]:
                              num_warps=t["num_warps"], num_stages=1, gluon=True,
                              divisible_by_16=("x_ptr", "w_ptr", "out_ptr", "grid_ptr", "stride_xm", "stride_we",
                                               "stride_wn", "stride_om")))
-    # packed weights: the dense launches bench/gguf_matmul.py times (the plans do not run them yet)
+    # weights repacked at load (PACKERS' types: loading/gguf_repack.py): every variant again on their layout
     packed = []
     for qtype in PACKERS:
         lower = gguf.GGMLQuantizationType(qtype).name.lower()
         packed += [dict(c, name=c["name"].replace(f"mma {lower}", f"mma {lower} packed"),
                         constexprs=dict(c["constexprs"], PACKED=True)) for c in cfgs
-                   if c["constexprs"]["QTYPE"] == qtype and not c["constexprs"]["MOE"]
-                   and c["constexprs"]["COLS"] == TOKENS]
+                   if c["constexprs"]["QTYPE"] == qtype]
     return cfgs + packed

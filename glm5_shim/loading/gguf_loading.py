@@ -65,6 +65,22 @@ def load_glm_weights(model, path: str | os.PathLike, load_config, *, draft: bool
     _forget_plans()  # drop the readers: their memory maps of a several-hundred-GB file are no longer needed
 
 
+def repack_weights(model, dtype, *, draft: bool = False):
+    """After vLLM's process_weights_after_loading: Q8_0/Q6_K linear and expert weights repacked for the shim's
+    kernels (loading/gguf_repack.py), with one log line; None where packing is off or the activations are not
+    16-bit (the dtypes the shim's kernels take)."""
+    import torch
+
+    from glm5_shim.loading.gguf_repack import packing_enabled, repack_model
+
+    if dtype not in (torch.float16, torch.bfloat16) or not packing_enabled():
+        return None
+    tally = repack_model(model)
+    if tally.tensors:
+        logger.info("glm5-shim: %s%s", tally.summary(), " (MTP draft)" if draft else "")
+    return tally
+
+
 def _forget_plans() -> None:
     from glm5_shim.loading.hf_config import forget_gguf_models
 

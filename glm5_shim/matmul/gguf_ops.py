@@ -11,8 +11,8 @@ import threading
 
 import torch
 
-from glm5_shim.gguf.kernel_coverage import (VLLM_LINEAR_MAX_ROWS, gguf_bf16_refused_at, shim_kernel_covers,
-                                            vllm_decodes, vllm_moe_decode_faster)
+from glm5_shim.gguf.kernel_coverage import (VLLM_LINEAR_MAX_ROWS, file_type, gguf_bf16_refused_at, is_packed,
+                                            shim_kernel_covers, vllm_decodes, vllm_moe_decode_faster)
 
 _ACT_DTYPES = (torch.float16, torch.bfloat16)
 _lock = threading.Lock()
@@ -31,7 +31,8 @@ def _linear_op(x: torch.Tensor, qweight: torch.Tensor, qweight_type: int, n: int
         if qweight.shape[1] != width or not qweight.is_contiguous():
             qweight = qweight[:n, :width].contiguous()  # a padded shard view: vLLM's kernels need exact rows
         return _fused_mul_mat_gguf(x, qweight, qweight_type)
-    return gguf_linear(x, qweight, qweight_type, n)
+    # a weight repacked at load (loading/gguf_repack.py) is known by its type alone; vLLM's kernels never see it
+    return gguf_linear(x, qweight, file_type(qweight_type), n, packed=is_packed(qweight_type))
 
 
 def _linear_fake(x: torch.Tensor, qweight: torch.Tensor, qweight_type: int, n: int) -> torch.Tensor:
@@ -57,7 +58,8 @@ def _moe_op(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: 
         from vllm.model_executor.layers.quantization.gguf import _fused_moe_gguf
 
         return _fused_moe_gguf(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, "silu")
-    return gguf_moe(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, align=moe_align_block_size)
+    return gguf_moe(x, w13, w2, topk_weights, topk_ids, file_type(qtype13), file_type(qtype2),
+                    align=moe_align_block_size, packed13=is_packed(qtype13), packed2=is_packed(qtype2))
 
 
 def _moe_fake(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
@@ -85,12 +87,21 @@ def _acts_ok(x: torch.Tensor) -> bool:
     return x.is_cuda and x.dtype in _ACT_DTYPES
 
 
+def _refuse_packed(x: torch.Tensor, *qtypes: int) -> None:
+    """A weight repacked at load can only be read by the shim's kernels: refuse what they do not take."""
+    if any(is_packed(t) for t in qtypes):
+        raise RuntimeError(f"glm5-shim: a GGUF weight repacked at load (types {[file_type(t) for t in qtypes]}) "
+                           f"got {x.dtype} activations on {x.device}; the shim's kernels take float16/bfloat16 on "
+                           "CUDA (set GLM5_SHIM_GGUF_PACK=0 to keep the file's layout)")
+
+
 def make_fused_mul_mat(original):
     """Drop-in for vLLM's ``fused_mul_mat_gguf(x, qweight, qweight_type)``."""
 
     def fused_mul_mat_gguf(x: torch.Tensor, qweight: torch.Tensor, qweight_type: int) -> torch.Tensor:
         if _acts_ok(x) and shim_kernel_covers(qweight_type, x.shape[-1]):
             return torch.ops.vllm.glm5_gguf_linear(x, qweight, qweight_type, qweight.shape[0])
+        _refuse_packed(x, qweight_type)
         return original(x, qweight, qweight_type)
 
     return fused_mul_mat_gguf
@@ -103,6 +114,7 @@ def make_fused_moe(original):
         if (activation == "silu" and _acts_ok(x) and shim_kernel_covers(qweight_type, x.shape[-1])
                 and shim_kernel_covers(qweight_type2, w1.shape[1] // 2)):
             return torch.ops.vllm.glm5_gguf_moe(x, w1, w2, topk_weights, topk_ids, qweight_type, qweight_type2)
+        _refuse_packed(x, qweight_type, qweight_type2)
         return original(x, w1, w2, topk_weights, topk_ids, qweight_type, qweight_type2, activation)
 
     return fused_moe_gguf

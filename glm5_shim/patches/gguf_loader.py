@@ -5,7 +5,8 @@ model whose hf_config.model_type is ``glm_moe_dsa`` the replacement loads throug
 (glm5_shim.gguf.load_plan) instead of vLLM's dummy-HF-model name map, which cannot map glm-dsa: kv_b_proj is
 rebuilt from attn_k_b/attn_v_b, indexer wk/weights_proj are dequantized, fused groups are made homogeneous,
 gate/up experts of different types are fixed, the MTP block is skipped with one log line, tied embeddings are
-decided over all shards, and after loading any parameter left uninitialised is an error that names it.
+decided over all shards, after loading any parameter left uninitialised is an error that names it, and Q8_0/Q6_K
+linear and expert weights are repacked for the shim's kernels (loading/gguf_repack.py; GLM5_SHIM_GGUF_PACK=0: not).
 vLLM's MTP draft of a glm-dsa GGUF (hf_config.model_type ``deepseek_mtp``, what SpeculativeConfig makes of a
 glm_moe_dsa config) loads through the draft's plan: the MTP block blk.{num_hidden_layers} only, under the names
 DeepSeekMTP.load_weights consumes; its embedding and shared head are left to vLLM's proposer, which gives it the
@@ -58,7 +59,7 @@ def _apply(module, patch: Patch) -> None:
             return original_load_model(self, vllm_config, model_config, prefix)
         import torch
 
-        from glm5_shim.loading.gguf_loading import load_plan_for, prepare_quant_config
+        from glm5_shim.loading.gguf_loading import load_plan_for, prepare_quant_config, repack_weights
 
         plan = load_plan_for(self._prepare_weights(model_config), draft=which == "draft")
         if plan.tied_embeddings and which == "target":
@@ -70,6 +71,7 @@ def _apply(module, patch: Patch) -> None:
                 model = module.initialize_model(vllm_config=vllm_config, prefix=prefix, model_config=model_config)
             self.load_weights(model, model_config)
             module.process_weights_after_loading(model, model_config, target_device)
+            repack_weights(model, model_config.dtype, draft=which == "draft")
         return model
 
     def load_weights(self, model, model_config) -> None:

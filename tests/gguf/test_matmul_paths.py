@@ -70,3 +70,17 @@ def test_the_line_warns_when_vllms_kernels_would_decode_iq3_s():
     assert "WARNING: vLLM 0.23's kernels decode IQ3_S wrongly" in line
     assert "stay on vLLM's vector kernels" not in line  # nothing runs on the shim's kernels to leave rows to vLLM
     assert "WARNING" not in format_matmul_paths({"shim": {"IQ3_S": 4}, "vllm": {"IQ2_XXS": 2}})
+
+
+def test_the_line_says_which_types_are_repacked_at_load(monkeypatch):
+    """Q8_0 and Q6_K weights the shim's kernels compute are repacked at load (loading/gguf_repack.py) unless
+    GLM5_SHIM_GGUF_PACK=0 or vLLM's kernels compute them; other types never."""
+    paths = {"shim": {"Q4_K": 3, "Q6_K": 1, "Q8_0": 2}, "vllm": {}}
+    monkeypatch.delenv("GLM5_SHIM_GGUF_PACK", raising=False)
+    assert "; Q6_K/Q8_0 linear and expert weights repacked at load" in format_matmul_paths(paths)
+    assert "repacked" not in format_matmul_paths({"shim": {"Q4_K": 3}, "vllm": {}})
+    monkeypatch.setenv("GLM5_SHIM_GGUF_PACK", "0")
+    assert "repacked" not in format_matmul_paths(paths)
+    monkeypatch.delenv("GLM5_SHIM_GGUF_PACK")
+    monkeypatch.setenv("GLM5_SHIM_GGUF_KERNELS", "vllm")
+    assert "repacked" not in format_matmul_paths(paths)

@@ -205,3 +205,43 @@ def test_packed_weights_give_the_file_layouts_output(name, dtype):
             exact = x.double() @ w64.T
             bound = ref.mma_error_bound(x, w, qtype, k, U[dtype]) + U[dtype] * exact.abs()
             assert ((got.double().cpu() - exact).abs() - bound).max().item() <= 0, (n, k, m, num_sms)
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "Q6_K"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_repacked_weights_on_every_serving_plan_give_the_file_layouts_output(name, dtype):
+    """Weights repacked at load (gguf_mma.pack, loading/gguf_repack.py) through the plans serving takes, compiled:
+    dense linears of 1-200 rows (register MMA, tile kernels split over K and in prefill tiles, dequantized for cuBLAS)
+    and MoEs of 1-1024 tokens (register-MMA decode, direct and sorted; prefill tiles; dequantized experts), TP-8
+    dense shapes and experts with a w2 at K = 256 (Q6_K: packed rows grow to 224 bytes).  Each gives the file
+    layout's output bit for bit (the same arithmetic: its float64 bound is the file layout's tests')."""
+    gm, ref, mma = _mods()
+    qtype = getattr(mma, name)
+    g = torch.Generator().manual_seed(91 + qtype + (dtype == torch.float16))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for n, k in ((2624, 6144), (96, 256)):
+        w = ref.quantized_blocks(qtype, torch.randn(n, k, generator=g) * 0.02).cuda()
+        packed = mma.pack(w, qtype)
+        for m in (1, 3, 8, 20, 64, 200):
+            x = torch.randn(m, k, generator=g).to(dtype).cuda()
+            on_mma = m <= gm.mma_linear_max_rows(qtype) and gm.mma_decode(qtype, k, dtype, weight=packed,
+                                                                            linear=True, packed=True)
+            want = mma.linear(x, w, qtype, n, sms) if on_mma else gm.gguf_linear(x, w, qtype)
+            got = gm.gguf_linear(x, packed, qtype, packed=True)
+            assert torch.equal(got, want), (n, k, m, on_mma)
+    e, h, inter, top_k = 64, 1024, 256, 8
+    w13 = ref.quantized_blocks(qtype, torch.randn(e * 2 * inter, h, generator=g) * 0.02).view(e, 2 * inter, -1).cuda()
+    w2 = ref.quantized_blocks(qtype, torch.randn(e * h, inter, generator=g) * 0.02).view(e, h, -1).cuda()
+    p13, p2 = mma.pack(w13, qtype), mma.pack(w2, qtype)
+    regimes = set()
+    for t in (1, 3, 16, 200, 1024):
+        x = (torch.randn(t, h, generator=g) * 0.5).to(dtype).cuda()
+        ids = torch.stack([torch.randperm(e, generator=g)[:top_k] for _ in range(t)]).to(torch.int32).cuda()
+        wts = torch.rand(t, top_k, generator=g).cuda()
+        plan = gm.chosen_moe_plan(t, top_k, dtype, p13, p2, qtype, qtype, (True, True))
+        assert plan == gm.chosen_moe_plan(t, top_k, dtype, w13, w2, qtype, qtype), t
+        regimes.add(gm.moe_regime(plan))
+        got = gm.gguf_moe(x, p13, p2, wts, ids, qtype, qtype, packed13=True, packed2=True)
+        assert torch.equal(got, gm.gguf_moe(x, w13, w2, wts, ids, qtype, qtype)), t
+        assert torch.isfinite(got).all()
+    assert len(regimes) >= 2, regimes

@@ -235,3 +235,113 @@ def test_iq3_s_never_reaches_vllms_kernels(patched, monkeypatch):
     assert seen == [gm.Q4_K]
     want = ref.linear_reference(x, w, iq3s)
     assert ((got.double() - want).norm() / want.norm()).item() < 3e-3
+
+
+def _single_linear(w: torch.Tensor, qtype: int, module_class=torch.nn.Module):
+    """A GGUF linear (or, with module_class, an embedding) holding one weight, as vLLM's loader leaves it."""
+    from vllm.model_executor.utils import set_weight_attrs
+
+    layer = module_class.__new__(module_class)
+    torch.nn.Module.__init__(layer)
+    qweight = torch.nn.Parameter(w.clone(), requires_grad=False)
+    set_weight_attrs(qweight, {"shard_id": [], "shard_id_map": {}, "data_container": []})
+    layer.register_parameter("qweight", qweight)
+    qweight_type = torch.nn.Parameter(torch.empty(0), requires_grad=False)
+    set_weight_attrs(qweight_type, {"weight_type": qtype, "shard_weight_type": {}})
+    layer.register_parameter("qweight_type", qweight_type)
+    return layer
+
+
+def _experts(w13: torch.Tensor, q13: int, w2: torch.Tensor, q2: int, method):
+    layer = torch.nn.Module()
+    layer.quant_method = method
+    for name, w, qt in (("w13", w13, q13), ("w2", w2, q2)):
+        layer.register_parameter(f"{name}_qweight", torch.nn.Parameter(w.clone(), requires_grad=False))
+        qtype = torch.nn.Parameter(torch.empty(0), requires_grad=False)
+        qtype.weight_type = qt
+        layer.register_parameter(f"{name}_qweight_type", qtype)
+    return layer
+
+
+def test_repacked_weights_run_packed_and_give_the_file_layouts_outputs(patched, monkeypatch):
+    """loading/gguf_repack.repack_model on vLLM's GGUF layers as its loader leaves them: a merged Q8_0 + Q6_K
+    linear (both shards in place, their types recorded packed), a Q6_K linear at K = 256 (rows grow from 210 to 224
+    bytes: a new tensor), a Q4_K linear (no packed layout: untouched), an embedding (vLLM's lookup reads the file's
+    layout: untouched), experts of Q8_0 w13 and a Q6_K w2 at K = 256.  Every weight is pack()'s bytes of the file's;
+    vLLM's patched apply and fused_moe_gguf read them packed and give the file layout's outputs bit for bit; a second
+    pass repacks nothing; packing is off with GLM5_SHIM_GGUF_PACK=0 or vLLM's kernels."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    from glm5_shim.gguf.kernel_coverage import is_packed, packed_type
+    from glm5_shim.kernels import gguf_mma
+    from glm5_shim.loading import gguf_repack
+
+    g = torch.Generator().manual_seed(17)
+    method = patched.GGUFLinearMethod(patched.GGUFConfig())
+    a = ref.quantized_blocks(gm.Q8_0, torch.randn(48, 2048, generator=g) * 0.02)
+    b = ref.quantized_blocks(gm.Q6_K, torch.randn(40, 2048, generator=g) * 0.02)
+    c = ref.quantized_blocks(gm.Q6_K, torch.randn(24, 256, generator=g) * 0.02)
+    d = ref.random_blocks(gm.Q4_K, 16, 256, g)
+    e13 = torch.stack([ref.quantized_blocks(gm.Q8_0, torch.randn(512, 256, generator=g) * 0.02) for _ in range(4)])
+    e2 = torch.stack([ref.quantized_blocks(gm.Q6_K, torch.randn(256, 256, generator=g) * 0.02) for _ in range(4)])
+    moe_method = patched.GGUFMoEMethod.__new__(patched.GGUFMoEMethod)
+
+    def build():
+        root = torch.nn.Module()
+        root.merged = _merged_layer([(a, gm.Q8_0), (b, gm.Q6_K)], method)
+        root.single = _single_linear(c, gm.Q6_K)
+        root.q4k = _single_linear(d, gm.Q4_K)
+        root.embed = _single_linear(c, gm.Q6_K, VocabParallelEmbedding)
+        for name in ("merged", "single", "q4k", "embed"):
+            getattr(root, name).quant_method = patched.GGUFEmbeddingMethod(patched.GGUFConfig()) \
+                if name == "embed" else method
+        root.experts = _experts(e13, gm.Q8_0, e2, gm.Q6_K, moe_method)
+        return root
+
+    assert gguf_repack.packing_enabled()
+    file_, packed = build(), build()
+    tally = gguf_repack.repack_model(packed, device_types=("cpu",))
+    assert tally.tensors == 5 and tally.by_type == {"Q8_0": 2, "Q6_K": 3}, tally
+    assert "repacked 5 GGUF weights" in tally.summary()
+    types = packed.merged.qweight_type.shard_weight_type
+    assert types == {0: packed_type(gm.Q8_0), 1: packed_type(gm.Q6_K)}
+    assert torch.equal(packed.merged.qweight[:48], gguf_mma.pack(a, gm.Q8_0))
+    assert torch.equal(packed.merged.qweight[48:, :1680], gguf_mma.pack(b, gm.Q6_K))
+    assert packed.single.qweight.shape == (24, 224) and torch.equal(packed.single.qweight, gguf_mma.pack(c, gm.Q6_K))
+    assert is_packed(packed.single.qweight_type.weight_type)
+    for untouched in ("q4k", "embed"):
+        assert torch.equal(getattr(packed, untouched).qweight, getattr(file_, untouched).qweight)
+        assert not is_packed(getattr(packed, untouched).qweight_type.weight_type)
+    assert torch.equal(packed.experts.w2_qweight, gguf_mma.pack(e2, gm.Q6_K))
+    assert packed.experts.w13_qweight_type.weight_type == packed_type(gm.Q8_0)
+    # vLLM's methods, patched, on both: 9 rows (the tile kernels), 3 rows (register MMA), 130 (dequantized)
+    for rows in (9, 3, 130):
+        x = torch.randn(rows, 2048, generator=g).half()
+        assert torch.equal(method.apply(packed.merged, x), method.apply(file_.merged, x)), rows
+        x = x[:, :256]
+        assert torch.equal(method.apply(packed.single, x), method.apply(file_.single, x)), rows
+    from glm5_shim.matmul import gguf_ops
+    import vllm.model_executor.layers.fused_moe.moe_align_block_size as align_module
+
+    monkeypatch.setattr(align_module, "moe_align_block_size", lambda ids, bm, e: gm.moe_align(ids, bm, e))
+    for t in (2, 40):
+        x = torch.randn(t, 256, generator=g).half()
+        ids = torch.stack([torch.randperm(4, generator=g)[:2] for _ in range(t)]).to(torch.int32)
+        wts = torch.rand(t, 2, generator=g)
+        got = gguf_ops._moe_op(x, packed.experts.w13_qweight, packed.experts.w2_qweight, wts, ids,
+                               packed.experts.w13_qweight_type.weight_type, packed.experts.w2_qweight_type.weight_type)
+        want = gguf_ops._moe_op(x, e13, e2, wts, ids, gm.Q8_0, gm.Q6_K)
+        assert torch.equal(got, want), t
+    # vLLM's kernels are never handed a packed weight: float32 activations there are refused in one line
+    with pytest.raises(RuntimeError, match="repacked at load"):
+        patched.fused_mul_mat_gguf(torch.randn(2, 256).double(), packed.single.qweight,
+                                   packed.single.qweight_type.weight_type)
+    assert gguf_repack.repack_model(packed, device_types=("cpu",)).tensors == 0   # already packed
+    assert gguf_repack.repack_model(build()).tensors == 0                          # CPU weights, CUDA only
+    monkeypatch.setenv("GLM5_SHIM_GGUF_PACK", "0")
+    assert not gguf_repack.packing_enabled()
+    monkeypatch.delenv("GLM5_SHIM_GGUF_PACK")
+    from glm5_shim.registry import REGISTRY
+
+    REGISTRY.get("gguf-kernels").undo()
+    assert not gguf_repack.packing_enabled()   # vLLM's own kernels: nothing may be packed

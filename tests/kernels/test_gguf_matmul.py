@@ -109,6 +109,35 @@ def _moe(q13, q2, e, h, inter, t, top_k, g, hot=False):
     return w13, w2, x, ids, wts
 
 
+@pytest.mark.parametrize("name", ["Q8_0", "Q6_K"])
+def test_packed_weights_on_every_linear_plan_give_the_file_layouts_product(name):
+    """A weight repacked at load (gguf_mma.pack) through each plan gguf_linear takes — the tile kernel split over K
+    (decode) and in 64-row prefill tiles, the dequantizing path, the register-MMA kernel — gives the file layout's
+    product bit for bit (the same bytes decoded the same way), and dequantizes to the same numbers.  Rows of one
+    to 8 super-blocks (Q6_K at K = 256 and 512: packed rows padded to 16 bytes, its scales and d found by K)."""
+    from glm5_shim.kernels import gguf_mma
+
+    qt = TYPES[name]
+    g = torch.Generator().manual_seed(qt + 91)
+    for n, k in ((40, 256), (24, 512), (16, 2048)):
+        w = ref.quantized_blocks(qt, torch.randn(n, k, generator=g) * 0.02)
+        p = gguf_mma.pack(w, qt)
+        assert torch.equal(gm.gguf_dequantize(p, qt, k, torch.float32, packed=True),
+                           gm.gguf_dequantize(w, qt, k, torch.float32))
+        for m, dtype, plan in ((3, torch.float32, gm.linear_plan(3, n, k, 16)),
+                               (70, torch.float32, gm.linear_plan(70, n, k, 16)),
+                               (gm.DENSE_DEQUANT_MIN_M + 1, torch.float16, None), (5, torch.float16, None)):
+            x = torch.randn(m, k, generator=g).to(dtype)
+            want = gm.gguf_linear(x, w, qt, plan=plan)
+            got = gm.gguf_linear(x, p, qt, plan=plan, packed=True)
+            assert torch.equal(got, want), (name, n, k, m, plan)
+        if k == 256 and qt == gm.Q6_K:   # the file's rows are shorter than the packed layout's: refused, one line
+            with pytest.raises(ValueError, match=r"expected 224 contiguous bytes for K=256 packed"):
+                gm.gguf_linear(x, w, qt, packed=True)
+    with pytest.raises(ValueError, match="no packed layout"):
+        gm.gguf_linear(x, ref.random_blocks(gm.Q4_K, 8, 256, g), gm.Q4_K, packed=True)
+
+
 @pytest.mark.parametrize("q13,q2", [("Q4_K", "Q6_K"), ("Q5_K", "Q8_0"), ("Q2_K", "Q3_K"), ("IQ4_XS", "IQ4_NL"),
                                     ("IQ2_XXS", "IQ3_XXS"), ("IQ2_S", "IQ3_S"), ("IQ2_XS", "Q4_K"),
                                     ("IQ1_S", "IQ1_M"), ("Q4_0", "Q5_0"), ("Q4_1", "Q5_1")])

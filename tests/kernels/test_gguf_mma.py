@@ -352,28 +352,37 @@ def test_packed_q6_k_is_the_same_bytes_and_the_same_products():
         mma.pack_q6_k(torch.zeros(4, 300, dtype=torch.uint8))
 
 
-@pytest.mark.parametrize("types", [("Q8_0", "Q8_0"), ("Q6_K", "Q6_K"), ("Q8_0", "Q6_K")])
+@pytest.mark.parametrize("types", [("Q8_0", "Q8_0"), ("Q6_K", "Q6_K"), ("Q8_0", "Q6_K"), ("Q6_K", "Q4_K")])
 def test_packed_experts_give_the_file_layouts_moe(monkeypatch, types):
-    """Experts in gguf_mma.pack's layout through both decode passes (plan packed=True): the file layout's output bit
-    for bit, routed pairs direct and in sorted blocks, the w2 top-k sum split inside a slot's super-blocks (w2's
-    per-expert super-blocks and, Q6_K, its scales past them, found by K).  Packed experts on a path that does not
-    read them are refused."""
+    """Experts in gguf_mma.pack's layout (packed13 / packed2; a Q4_K weight stays in the file's) on every path a
+    MoE takes: the register-MMA decode passes (routed pairs direct and in sorted blocks, the w2 top-k sum split
+    inside a slot's super-blocks: Q6_K's scales past them found by K), the tile decode passes, the fused prefill
+    tiles and the dequantized experts.  Each gives the file layout's output bit for bit: the same bytes decoded by
+    the same arithmetic in the same order."""
     monkeypatch.setattr(gm, "CPU_NUM_SMS", 6)
     q13, q2 = getattr(gm, types[0]), getattr(gm, types[1])
+    pk13, pk2 = q13 in mma.PACKERS, q2 in mma.PACKERS
     g = torch.Generator().manual_seed(61 + q13 + q2)
-    e, h, inter, top_k = 6, 512, 512, 3
+    e, h, inter, top_k = 6, 512, 256, 3
     w13 = torch.stack([ref.quantized_blocks(q13, torch.randn(2 * inter, h, generator=g) * 0.02) for _ in range(e)])
     w2 = torch.stack([ref.quantized_blocks(q2, torch.randn(h, inter, generator=g) * 0.02) for _ in range(e)])
-    p13, p2 = mma.pack(w13, q13), mma.pack(w2, q2)
-    for t, direct in ((1, True), (3, True), (5, False)):
+    p13 = mma.pack(w13, q13) if pk13 else w13
+    p2 = mma.pack(w2, q2) if pk2 else w2
+    for t, plan in ((1, {"mma": True, "direct": True}), (3, {"mma": True, "direct": True}),
+                    (5, {"mma": True, "direct": False}), (5, {"mma": False}), (40, {}), (40, {"dequant": True})):
         x = (torch.randn(t, h, generator=g) * 0.5).half()
         ids = torch.stack([torch.randperm(e, generator=g)[:top_k] for _ in range(t)]).to(torch.int32)
         wts = torch.rand(t, top_k, generator=g)
-        plan = {**gm.moe_plan(t, top_k, e), "mma": True, "direct": direct}
-        want = gm.gguf_moe(x, w13, w2, wts, ids, q13, q2, plan=plan)
-        got = gm.gguf_moe(x, p13, p2, wts, ids, q13, q2, plan={**plan, "packed": True})
-        assert torch.equal(got, want), (types, t, direct)
-    with pytest.raises(ValueError, match="register-MMA decode passes only"):
-        gm.gguf_moe(x, p13, p2, wts, ids, q13, q2, plan={**gm.moe_plan(4096, top_k, e), "packed": True})
-    with pytest.raises(ValueError, match="both passes on the register-MMA kernels"):
-        gm.gguf_moe(x, p13, p2, wts, ids, q13, q2, plan={**gm.moe_plan(t, top_k, e), "mma": False, "packed": True})
+        full = (gm.moe_plan(t, top_k, e, dequant=True) if plan.get("dequant")
+                else {**gm.moe_plan(t, top_k, e), **plan})
+        want = gm.gguf_moe(x, w13, w2, wts, ids, q13, q2, plan=full)
+        got = gm.gguf_moe(x, p13, p2, wts, ids, q13, q2, plan=full, packed13=pk13, packed2=pk2)
+        assert torch.equal(got, want), (types, t, plan)
+    # the plan gguf_moe picks itself at 5 tokens (16-bit activations, register-MMA types): the decode regime
+    assert torch.equal(gm.gguf_moe(x[:5], p13, p2, wts[:5], ids[:5], q13, q2, packed13=pk13, packed2=pk2),
+                       gm.gguf_moe(x[:5], w13, w2, wts[:5], ids[:5], q13, q2))
+    if pk2:   # a file-layout weight called packed is refused where its rows are too short for the packed layout
+        short = w2[..., : mma.packed_row_bytes(q2, inter) - 2] if q2 == mma.Q6_K else None
+        if short is not None:
+            with pytest.raises(ValueError, match="packed"):
+                gm.gguf_moe(x, p13, short, wts, ids, q13, q2, packed13=pk13, packed2=True)
