@@ -190,8 +190,21 @@ def bench_moe(tp: int, type_names, tokens, bw, peak, gen, vg, bf16_moe, rows):
         qt, w13, w2, expert_bytes = rank_experts(name, gen, tp)
         w13_bf = dequant_cuda(vg, w13, qt, HIDDEN) if vg else None
         w2_bf = dequant_cuda(vg, w2, qt, inter) if vg else None
-        packed13, packed2 = ((gguf_mma.pack(w13, qt), gguf_mma.pack(w2, qt)) if qt in gguf_mma.PACKERS
-                             else (None, None))
+        packed13 = packed2 = None
+        if qt in gguf_mma.PACKERS:
+            # the loader's repack (loading/gguf_repack.py: a slice of experts at a time, in place where the row
+            # length stays) of this rank's layer of experts, timed: the load-time cost
+            from glm5_shim.loading.gguf_repack import _packed_copy
+
+            packed13, packed2 = w13.clone(), w2.clone()
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            packed13 = _packed_copy(packed13, qt, HIDDEN)
+            packed2 = _packed_copy(packed2, qt, inter)
+            torch.cuda.synchronize()
+            ms = (time.perf_counter() - start) * 1e3
+            nbytes = w13.numel() + w2.numel()
+            rows.append(dict(kind="repack", tp=tp, type=name, bytes=nbytes, ms=ms, gb_s=nbytes / ms / 1e6))
         for t in tokens:
             ids, wts, x, floor = call_inputs(t, gen, expert_bytes, bw)
             xh = x.half()
@@ -751,6 +764,13 @@ def markdown(rows, bw, device) -> str:
                        f"{fmt(r['mma_us'], 1)} | {fmt(r.get('mma8_us'), 1)} | {fmt(r.get('vllm_gguf_us'), 1)} | "
                        f"{fmt(r['floor_us'], 1)} | "
                        f"{fmt(r['mma_pct_floor'])} | {fmt(r['mma_rel_err_vs_tile'], 4)} |")
+        out.append("")
+    rp = [r for r in rows if r["kind"] == "repack"]
+    if rp:
+        out += ["## The loader's repack of one layer's experts (loading/gguf_repack._packed_copy, on the GPU; the "
+                "first includes the copy kernels' start)", "",
+                "| TP | type | MB | ms | GB/s |", "|---|---|---|---|---|"]
+        out += [f"| {r['tp']} | {r['type']} | {r['bytes'] / 1e6:.0f} | {r['ms']:.1f} | {r['gb_s']:.0f} |" for r in rp]
         out.append("")
     pk = [r for r in rows if "mma_packed_us" in r]
     if pk:
