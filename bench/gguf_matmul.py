@@ -537,10 +537,22 @@ def bench_load_width(bw, gen, rows, types=tuple(read_floor.PIECE_LAYOUTS)):
             torch.cuda.empty_cache()
 
 
-def bench_sweep(bw, gen, rows, types=("Q4_K",), prefill_tokens=(1024,), decode_tokens=(1, 32), dense=True):
+# Dense linears of 33-256 rows (prefill chunks, MTP verify batches, many decoding requests): 2-3x slower than bf16
+# weights on the H200 (session 17: lm_head Q8_0 131 µs at 64 rows, 252 at 256, bf16 68 and 89) on the one 64-row
+# tile (64 rows) and dequantization + cuBLAS (256).  The sweep's tiles for them: rows x features a program, warps,
+# stages; the default plan and, from 65 rows, dequantization too
+DENSE_WIDE_TILES = [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st)
+                    for bm in (64, 128) for bn in (32, 64, 128) for w in (4, 8) for st in (2, 3, 4)
+                    if not (bm == bn == 128 and w == 4)]
+
+
+def bench_sweep(bw, gen, rows, types=("Q4_K",), prefill_tokens=(1024,), decode_tokens=(1, 32), dense=True,
+                dense_tokens=(1, 32, 4096), dense_layers=(("q_a+kv_a", "Q4_K"), ("lm_head", "Q6_K"))):
     """Time alternative launch parameters so the tuning constants in kernels/gguf_matmul.py can be chosen: decode
     shapes at each of ``decode_tokens``, prefill tiles (Q4_K only) at each of ``prefill_tokens``, then (dense) the
-    dense linears'."""
+    dense linears' (``dense_layers``: (layer, type)) at each of ``dense_tokens``: up to 64 rows the decode tiles
+    (K split over the GPU), from 33 rows DENSE_WIDE_TILES too, above DENSE_DEQUANT_MIN_M the default plan
+    (dequantization + cuBLAS) against the prefill tiles."""
     import itertools
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     decode = [dict(BLOCK_N=bn, num_stages=st, ctas_per_sm=c, num_warps=w)
@@ -561,14 +573,19 @@ def bench_sweep(bw, gen, rows, types=("Q4_K",), prefill_tokens=(1024,), decode_t
                               for i, w in zip(ids, wts)])
         w13 = w2 = None
         torch.cuda.empty_cache()
-    for lname, name in (("q_a+kv_a", "Q4_K"), ("lm_head", "Q6_K")) if dense else ():
+    for lname, name in dense_layers if dense else ():
         n, k = DENSE_TP8[lname]
         qt = TYPES[name]
         one = gm.row_bytes(qt, k) * n
         ws = [random_blocks_cuda(qt, (n,), k, gen) for _ in range(max(2, min(16, -(-2 * L2_BYTES // one))))]
-        for t in (1, 32, 4096):
+        for t in dense_tokens:
             x = (torch.randn(t, k, device="cuda", generator=gen) * 0.5).to(torch.bfloat16)
-            cfgs = decode if t <= 64 else [None] + (prefill if lname != "o_proj" else [])
+            if t <= 64:
+                cfgs = decode + (DENSE_WIDE_TILES if t > 32 else [])
+            elif t <= 256:
+                cfgs = [None] + DENSE_WIDE_TILES
+            else:
+                cfgs = [None] + (prefill if lname != "o_proj" else [])
             for cfg in cfgs:
                 plan = gm.linear_plan(t, n, k, sms, tuning=cfg) if cfg else gm.linear_plan(t, n, k, sms)
                 _sweep_point(rows, f"{lname} {name}", t, cfg or "dequant+cuBLAS", one / bw * 1e6,
@@ -808,9 +825,14 @@ def main():
                     help="JSON list of tile shapes of the dequantizing MoE to time as arms dequant, dequant1, ...")
     ap.add_argument("--prefill-tunings", default="[]",
                     help="JSON list of prefill-tile shapes (PREFILL_TUNING's keys) to time as arms prefill_tiles1, ...")
-    ap.add_argument("--prefill-sweep-tokens", default="1024", help="MoE token counts of the sweep part's prefill tiles")
+    ap.add_argument("--prefill-sweep-tokens", default="1024",
+                    help="MoE token counts of the sweep part's prefill tiles ('' for none)")
+    ap.add_argument("--dense-sweep-tokens", default="1,32,4096",
+                    help="dense linear rows of the sweep part ('' for no dense sweep)")
+    ap.add_argument("--dense-sweep-layers", default="q_a+kv_a:Q4_K,lm_head:Q6_K",
+                    help="layer:type pairs of the sweep part's dense linears")
     ap.add_argument("--decode-sweep-tokens", default="1,32",
-                    help="MoE token counts of the sweep part's decode shapes ('' for none; then no dense sweep either)")
+                    help="MoE token counts of the sweep part's decode shapes ('' for none)")
     ap.add_argument("--mma-sweep-grid", default=":".join(",".join(map(str, v)) for v in MMA_SWEEP_GRID),
                     help="mma_sweep's warps:row repeats:programs an SM, e.g. 4,8:1,2:2,4,8")
     args = ap.parse_args()
@@ -851,9 +873,11 @@ def main():
             bench_moe_profile(args.sweep_types.split(","), [int(t) for t in args.tokens.split(",")], gen, rows)
         if "sweep" in parts:
             decode_tokens = [int(t) for t in args.decode_sweep_tokens.split(",") if t]
+            dense_tokens = [int(t) for t in args.dense_sweep_tokens.split(",") if t]
             bench_sweep(bw, gen, rows, args.sweep_types.split(","),
-                        [int(t) for t in args.prefill_sweep_tokens.split(",")], decode_tokens,
-                        dense=bool(decode_tokens))
+                        [int(t) for t in args.prefill_sweep_tokens.split(",") if t], decode_tokens,
+                        dense=bool(dense_tokens), dense_tokens=dense_tokens,
+                        dense_layers=[tuple(p.split(":")) for p in args.dense_sweep_layers.split(",")])
         if "mma_sweep" in parts:
             grid = tuple(tuple(int(v) for v in axis.split(",")) for axis in args.mma_sweep_grid.split(":"))
             bench_mma_sweep(bw, gen, rows, [t for t in args.sweep_types.split(",")

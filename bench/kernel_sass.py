@@ -95,6 +95,9 @@ def main():
         if qt in gguf_mma.KERNEL_TYPES:
             wanted += [("mma w13", f"mma {name.lower()} moe w13, SiLU reduced"),
                        ("mma w2", f"mma {name.lower()} moe top-k sum -> bf16")]
+        if qt in gguf_mma.PACKERS:   # the same passes on the layout the loader repacks to (gguf_mma.pack)
+            wanted += [("mma w13 packed", f"mma {name.lower()} packed moe w13, SiLU reduced"),
+                       ("mma w2 packed", f"mma {name.lower()} packed moe top-k sum -> bf16")]
         missing = [n for _, n in wanted if n not in configs]
         if missing:  # a renamed variant must not vanish from the table silently (it did: session 7's rename)
             raise SystemExit(f"no kernel config named {missing} (the configs: {sorted(configs)})")

@@ -51,3 +51,17 @@ def test_a_dequantizing_arm_passes_its_dequantize_shape_to_the_plan_and_the_rest
     assert plan["dequant"] and plan["dequant_tuning"] == {"BLOCK_M": 64}
     assert plan["dequantize_tuning"] == {"steps": 16, "BLOCK_N": 64}
     assert gm_bench.dequant_plan(8192, {})["dequantize_tuning"] is None
+
+
+def test_the_dense_sweeps_wide_tiles_are_tile_plans_of_their_own_shape():
+    """Each DENSE_WIDE_TILES entry, passed as a tuning at 33-256 rows, gives the tile plan it names (not the
+    dequantizing path the plan takes by default above DENSE_DEQUANT_MIN_M rows), K split only up to 64 rows."""
+    from glm5_shim.kernels import gguf_matmul as gm
+
+    assert gm.linear_plan(256, 19360, 6144, 132)["dequant"]
+    for cfg in gm_bench.DENSE_WIDE_TILES:
+        for m in (64, 128, 256):
+            plan = gm.linear_plan(m, 19360, 6144, 132, tuning=cfg)
+            assert not plan["dequant"], (cfg, m)
+            assert {k: plan[k] for k in cfg} == cfg, (cfg, m, plan)
+            assert plan["split"] == 1 or m <= 64, (cfg, m, plan)

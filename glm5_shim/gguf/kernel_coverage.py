@@ -143,8 +143,10 @@ LOAD_PACKED_TYPES = (int(_T.Q8_0), int(_T.Q6_K))
 PACKED_TYPE_OFFSET = 1 << 10
 # The same types' dense linears at 1-8 rows run on the register-MMA kernels once packed (session 17, µs, packed
 # register-MMA / tile kernel on the file's layout: lm_head Q8_0 43 / 110, q_a+kv_a 10.3 / 24.4, o_proj 8.8 / 18.6;
-# Q6_K 52 / 131, 14.1 / 24.0, 12.2 / 20.0), where the file's Q8_0 stayed on the tile kernel (MMA_LINEAR_TYPES)
-MMA_PACKED_LINEAR_TYPES = LOAD_PACKED_TYPES
+# Q6_K 52 / 131, 14.1 / 24.0, 12.2 / 20.0), where the file's Q8_0 stayed on the tile kernel (MMA_LINEAR_TYPES); packed
+# IQ2_XXS and IQ2_S weights (bench and tests only, not yet measured: kernels/gguf_mma.PACKERS) where their file layout
+# does
+MMA_PACKED_LINEAR_TYPES = LOAD_PACKED_TYPES + (int(_T.IQ2_XXS), int(_T.IQ2_S))
 
 
 def packed_type(ggml_type: int) -> int:

@@ -173,16 +173,16 @@ def _load_step(wp, i, QTYPE: tl.constexpr, PACKED: tl.constexpr = False, num_sb=
     """Issue the loads of step i (values k in [128 i, 128 i + 128)) of the weight rows at byte pointers ``wp``
     ([BLOCK_N]); :func:`_decode_step` turns them into weights.  Split in two so a loop can issue step i + 1's
     loads before it decodes step i (the scale loads are too small for Triton's async-copy pipeline, and on rows
-    only 2-byte aligned — Q6_K, Q8_0 — so are the codes: prefetching hides their latency instead).  PACKED: a Q8_0
-    or Q6_K row in gguf_mma.pack's layout (the same bytes moved; num_sb: the row's 256-value super-blocks), loaded
-    into the same registers as the file's layout, so :func:`_decode_step` is shared."""
+    only 2-byte aligned — Q6_K, Q8_0 — so are the codes: prefetching hides their latency instead).  PACKED: a row
+    of one of gguf_mma.PACKERS' types in gguf_mma.pack's layout (the same bytes moved; num_sb: the row's 256-value
+    super-blocks), loaded into the same registers as the file's layout, so :func:`_decode_step` is shared."""
     if QTYPE == 8 and PACKED:  # pack_q8_0: each 256-value group's 8 d (16 bytes), then its 256 codes
         gp = wp + (i // 2) * 272
         b = 4 * (i % 2) + tl.arange(0, 4)                                                    # blocks of the group
         d = tl.load((gp[:, None] + 2 * b[None, :]).to(tl.pointer_type(tl.int16)))          # [BN, 4]
         q = tl.load(gp[:, None, None] + 16 + 32 * b[None, :, None] + tl.arange(0, 32)[None, None, :])
         return d, q, q, q
-    elif QTYPE == 14 and PACKED:  # pack_q6_k: the row's code bytes (192 a super-block), its scales, its d
+    elif QTYPE == 14 and PACKED:  # Q6_K's gguf_mma.PLANES: the row's code bytes (192 a super-block), scales, d
         cp = wp + (i // 2) * 192
         hf = i % 2
         s = tl.arange(0, 8)[None, :, None]
@@ -193,6 +193,23 @@ def _load_step(wp, i, QTYPE: tl.constexpr, PACKED: tl.constexpr = False, num_sb=
         sc = tl.load(wp[:, None] + num_sb * 192 + (i // 2) * 16 + 8 * hf + tl.arange(0, 8)[None, :])
         d = tl.load((wp + num_sb * 208 + (i // 2) * 2).to(tl.pointer_type(tl.int16)))
         return d, ql, qh, sc
+    elif QTYPE == 16 and PACKED:  # IQ2_XXS's gguf_mma.PLANES: the row's code bytes (64 a super-block), then its d
+        gp = wp[:, None] + (i // 2) * 64 + 32 * (i % 2) + 8 * tl.arange(0, 4)[None, :]       # [BN, 4]
+        idx = tl.load(gp[:, :, None] + tl.arange(0, 4)[None, None, :])                      # [BN, 4, 4]
+        word = tl.load((gp + 4).to(tl.pointer_type(tl.int16))[:, :, None] + tl.arange(0, 2)[None, None, :])
+        d = tl.load((wp + num_sb * 64 + (i // 2) * 2).to(tl.pointer_type(tl.int16)))        # [BN]
+        return d, idx, word, word
+    elif QTYPE == 22 and PACKED:  # IQ2_S's gguf_mma.PLANES: (index low bytes, sign bytes) 8 a sub-block, qh + scales, d
+        cp = wp[:, None, None] + (i // 2) * 64
+        hf = i % 2
+        g = tl.arange(0, 4)[None, :, None]
+        off = cp + 8 * (4 * hf + g) + tl.arange(0, 4)[None, None, :]                        # [BN, 4, 4]
+        lo = tl.load(off)
+        sg = tl.load(off + 4)
+        hs = tl.load(wp[:, None, None] + num_sb * 64 + (i // 2) * 16 + 4 * hf + g
+                     + 8 * tl.arange(0, 2)[None, None, :])                                  # [BN, 4, 2]: qh, sc
+        d = tl.load((wp + num_sb * 80 + (i // 2) * 2).to(tl.pointer_type(tl.int16)))
+        return d, lo, sg, hs
     elif QTYPE == 8:  # Q8_0: four 34-byte blocks
         bp = wp[:, None] + (4 * i + tl.arange(0, 4))[None, :] * 34                         # [BN, 4]
         d = tl.load(bp.to(tl.pointer_type(tl.int16)))
@@ -1254,7 +1271,7 @@ def gguf_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights:
     """Routed experts with SiLU: sum over the top-k slots of weight * (SiLU(x W_gate^T) * (x W_up^T)) W_down^T.
 
     x [T, H]; w13 [E, 2I, row bytes of H] (gate rows then up rows); w2 [E, H, row bytes of I]; topk_* [T, top_k].
-    packed13 / packed2: that weight is in gguf_mma.pack's layout (Q8_0, Q6_K).
+    packed13 / packed2: that weight is in gguf_mma.pack's layout (gguf_mma.PACKERS).
     ``align(topk_ids, block_m, num_experts)`` may replace :func:`moe_align` (vLLM's CUDA op does the same)."""
     t, h = x.shape
     e, two_i, _ = w13.shape

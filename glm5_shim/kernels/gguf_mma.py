@@ -31,8 +31,10 @@ One kernel serves a dense linear (tokens are rows of x) and a MoE pass (rows gro
 over ``program_id(1)`` for decode-sized calls; partial sums go to float32 planes the caller adds.  Loads of the
 next half super-block are issued before the current one is decoded (Gluon has no automatic pipeliner).
 
-IQ2_XXS: a thread's 32 values are one sub-block (4 grid rows of 8), each word of 4 magnitudes gathered from the grid
-table, the sub-block's sign nibbles multiplied into the 16-bit sign bits (X_ORDER_IQ, _iq2xxs_asm).
+IQ2_XXS, IQ2_S: a thread's 32 values are one sub-block (4 grid rows of 8), each grid row one 8-byte gather from the
+grid table, the row's sign byte (IQ2_XXS: 7 bits and their parity, a popc) multiplied into the 16-bit sign bits, and
+one FMA a weight pair for magic number and scale together in bf16 (X_ORDER_IQ, _iq_asm).  Offline SASS (sm_90, w13 /
+w2 pass): 5.3 / 5.9 instructions a weight for IQ2_XXS, 5.1 / 5.8 for IQ2_S, from 7.5 / 7.8 and 6.4 / 7.0 (session 18).
 
 Split-K launches can sum their own splits (EPILOGUE, kernels/arrivals.py), and a MoE pass can skip the routing
 layout (ROUTING: PAIRS for w13, TOKEN_SUM for w2 with the top-k sum inside), so a decode MoE is two launches.
@@ -91,6 +93,7 @@ REDUCE_SILU = gl.constexpr(2)  # the same over a gate tile and its up tile, into
 # 16-bit constants, two to a register: the magic number whose low mantissa bits take a code, 1.0, and minus the
 # offset to remove (Q4_K: the magic number; Q6_K: magic + 32, so the result is q - 32)
 _MAGIC = {False: 0x4300, True: 0x6400}              # bf16 128.0, fp16 1024.0
+MAGIC_BF16 = gl.constexpr(128.0)                     # _MAGIC[False]'s value
 _ONE = {False: 0x3F80, True: 0x3C00}
 _NEG = {(False, Q4_K): 0xC300, (True, Q4_K): 0xE400,    # -128, -1024
         (False, Q5_K): 0xC300, (True, Q5_K): 0xE400,
@@ -115,7 +118,7 @@ def _decode_asm(qtype: int, fp16: bool) -> str:
     fma = "fma.rn.f16x2" if fp16 else "fma.rn.bf16x2"
     magic, one, neg = _pair(_MAGIC[fp16]), _pair(_ONE[fp16]), _pair(_NEG[(fp16, qtype)])
     if qtype in (IQ2_XXS, IQ2_S):
-        return _iq_asm(fma, magic, one, neg, two_scales=qtype == IQ2_S)
+        return _iq_asm(fma, magic, one, neg, two_scales=qtype == IQ2_S, folded=IQ_FOLDED[fp16])
     lines = [".reg .b32 t0, t1, u0, u1, u2, u3, one, neg;", f"mov.b32 one, {one};", f"mov.b32 neg, {neg};",
              "prmt.b32 t0, $4, 0, 0x4140;", "prmt.b32 t1, $4, 0, 0x4342;"]
     if qtype == Q4_K:
@@ -167,25 +170,40 @@ def _decode_asm(qtype: int, fp16: bool) -> str:
     return "{\n" + "\n".join(lines) + "\n}"
 
 
-def _iq_asm(fma: str, magic: str, one: str, neg: str, two_scales: bool) -> str:
+def _iq_asm(fma: str, magic: str, one: str, neg: str, two_scales: bool, folded: bool) -> str:
     """IQ2_XXS, IQ2_S: grid magnitudes of the low ($4) and high ($5) words, their sign nibbles in the low bits of $6,
     $7 (bit e: element e of the word negative), the scale $8 $9 (IQ2_S: of the low half; the high half's $10 $11)
-    -> weights ($0 $1 low, $2 $3 high).  A
-    magnitude is exact in the magic number's mantissa, the scale multiplies it (one rounding), and its sign bit is
-    xor-ed in: the sign nibble times 0x40008000 puts elements 0 and 1 at bits 15 and 31 (0x10002000: elements 2 and
-    3), what the mask 0x80008000 keeps of it."""
-    lines = [".reg .b32 t0, t1, u0, u1, u2, u3, one, neg, zero, sg, m;", f"mov.b32 one, {one};",
-             f"mov.b32 neg, {neg};", f"mov.b32 zero, {_pair(0x8000)};"]
+    -> weights ($0 $1 low, $2 $3 high).  A magnitude m is exact in the magic number's mantissa (M + m: a prmt puts
+    its byte under the magic number's high byte), the scale
+    multiplies it (one rounding), and its sign bit is xor-ed in: the sign nibble times 0x40008000 puts elements 0
+    and 1 at bits 15 and 31 (0x10002000: elements 2 and 3), what the mask 0x80008000 keeps of it.
+
+    folded (bf16): the scale's -M s follows the scales ($10 $11; IQ2_S: $12 $13 low, $14 $15 high) and one FMA
+    (M + m) s - M s = m s takes the magic number out and scales: computed exactly before its one rounding, the same
+    bits as the two steps (M s is exact: a power of two times a bf16).  fp16 keeps two steps: M s = 1024 s could
+    overflow fp16."""
+    # the magic number's high byte in every byte: one prmt puts two magnitude bytes under it (M + m, m < 256)
+    high = int(magic, 16) >> 8 & 0xFF
+    lines = [".reg .b32 u0, u1, u2, u3, one, neg, zero, sg, m, mb;", f"mov.b32 one, {one};",
+             f"mov.b32 neg, {neg};", f"mov.b32 zero, {_pair(0x8000)};", f"mov.b32 mb, {high * 0x01010101:#010x};"]
     for src, (a, b) in (("$4", ("u0", "u1")), ("$5", ("u2", "u3"))):
-        lines += [f"prmt.b32 t0, {src}, 0, 0x4140;", f"prmt.b32 t1, {src}, 0, 0x4342;",
-                  f"lop3.b32 {a}, t0, 0x00FF00FF, {magic}, 0xEA;", f"lop3.b32 {b}, t1, 0x00FF00FF, {magic}, 0xEA;"]
-    for j, s_reg in enumerate(("$8", "$9", "$10", "$11") if two_scales else ("$8", "$9", "$8", "$9")):
-        lines += [f"{fma} u{j}, u{j}, one, neg;", f"{fma} u{j}, u{j}, {s_reg}, zero;"]
+        lines += [f"prmt.b32 {a}, {src}, mb, 0x4140;", f"prmt.b32 {b}, {src}, mb, 0x4342;"]
+    scales = ("$8", "$9", "$10", "$11") if two_scales else ("$8", "$9", "$8", "$9")
+    if folded:
+        offsets = ("$12", "$13", "$14", "$15") if two_scales else ("$10", "$11", "$10", "$11")
+        for j, (s_reg, c_reg) in enumerate(zip(scales, offsets)):
+            lines += [f"{fma} u{j}, u{j}, {s_reg}, {c_reg};"]
+    else:
+        for j, s_reg in enumerate(scales):
+            lines += [f"{fma} u{j}, u{j}, one, neg;", f"{fma} u{j}, u{j}, {s_reg}, zero;"]
     for signs, (a, b), (oa, ob) in (("$6", ("u0", "u1"), ("$0", "$1")), ("$7", ("u2", "u3"), ("$2", "$3"))):
         lines += [f"and.b32 sg, {signs}, 15;",
                   "mul.lo.u32 m, sg, 0x40008000;", f"lop3.b32 {oa}, {a}, m, 0x80008000, 0x78;",
                   "mul.lo.u32 m, sg, 0x10002000;", f"lop3.b32 {ob}, {b}, m, 0x80008000, 0x78;"]
     return "{\n" + "\n".join(lines) + "\n}"
+
+
+IQ_FOLDED = {False: True, True: False}    # whether the IQ decode folds the magic number into the scale's FMA
 
 
 _ASM_Q4K_BF16 = gl.constexpr(_decode_asm(Q4_K, False))
@@ -351,11 +369,15 @@ def _weights(QTYPE: tl.constexpr, codes, high, a_lo, b_lo, a_hi, b_hi, BF16: tl.
 
 
 @jit
-def _ksign_byte(index):
-    """llama.cpp's ksigns: a 7-bit sign index with its parity as bit 7 (the eighth sign makes the count even)."""
-    p = index ^ (index >> 4)
-    p = p ^ (p >> 2)
-    p = p ^ (p >> 1)
+def _sign_byte(index):
+    """llama.cpp's ksigns: a 7-bit sign index with its parity as bit 7 (the eighth sign makes the count even); on
+    the GPU one popc (the parity by xor-folding took six instructions, and was done for each half of a row)."""
+    if INTERPRET_K:
+        p = index ^ (index >> 4)
+        p = p ^ (p >> 2)
+        p = p ^ (p >> 1)
+    else:
+        p = gl.inline_asm_elementwise("popc.b32 $0, $1;", "=r,r", [index], dtype=gl.int32, is_pure=True, pack=1)
     return index | ((p & 1) << 7)
 
 
@@ -369,24 +391,39 @@ def _word_rows(L4: tl.constexpr):
 
 
 @jit
-def _iq2xxs_weights(aux0, aux1, d, grid_ptr, L4: tl.constexpr, BF16: tl.constexpr):
-    """The 32 weights of sub-block slot of each row ([BN, 4] index and sign/scale words, d) as (low, high)
-    [BN, 4, 4, 4]: word w of the low half is bytes 4 (w & 1) .. + 3 of grid row w >> 1 (high: row 2 + (w >> 1)),
-    one 32-bit gather from the grid table each; scale d (0.5 + top 4 bits) / 4 rounded to the activation dtype."""
-    row_lo, half = _word_rows(L4)
-    a0 = gl.expand_dims(aux0, 2)
-    a1 = gl.expand_dims(aux1, 2)
-    idx_lo = (a0 >> (8 * row_lo)) & 255
-    idx_hi = (a0 >> (8 * row_lo + 16)) & 255
-    s_lo = (_ksign_byte((a1 >> (7 * row_lo)) & 127) >> (4 * half)) & 15          # sign nibble of each word
-    s_hi = (_ksign_byte((a1 >> (7 * row_lo + 14)) & 127) >> (4 * half)) & 15
-    d32 = d.to(gl.float16, bitcast=True).to(gl.float32)
-    scale = d32 * (0.5 + ((aux1 >> 28) & 15).to(gl.float32)) * 0.25
-    return _iq_weights(idx_lo, idx_hi, half, grid_ptr, s_lo, s_hi, scale, scale, L4, BF16, False)
+def _per_row(t, BN: tl.constexpr):
+    """[BN, 4, 4] values of each code word, the same in both words of a grid row -> [BN, 4, 2] one a row (the
+    words' registers split in two: the other half's instructions are dead code)."""
+    first, _ = gl.split(gl.reshape(t, [BN, 4, 2, 2]))
+    return first
 
 
 @jit
-def _iq2s_weights(qsw, sgw, qh, sc, d, grid_ptr, L4: tl.constexpr, BF16: tl.constexpr):
+def _per_word(lo, hi, BN: tl.constexpr, L4: tl.constexpr):
+    """[BN, 4, 2] row values (lo: the row's first word, hi: its second) -> [BN, 4, 4] by code word (word 2 r + h),
+    in the registers the words came from (asserted: no data moves)."""
+    return gl.convert_layout(gl.reshape(gl.join(lo, hi), [BN, 4, 4]), gl.SliceLayout(3, L4), assert_trivial=True)
+
+
+@jit
+def _iq2xxs_weights(aux0, aux1, d, grid_ptr, BN: tl.constexpr, L4: tl.constexpr, BF16: tl.constexpr):
+    """The 32 weights of sub-block slot of each row ([BN, 4] index and sign/scale words, d) as (low, high)
+    [BN, 4, 4, 4]: word w of the low half is bytes 4 (w & 1) .. + 3 of grid row w >> 1 (high: row 2 + (w >> 1));
+    scale d (0.5 + top 4 bits) / 4 rounded to the activation dtype."""
+    row_lo, half = _word_rows(L4)
+    a0 = gl.expand_dims(aux0, 2)
+    a1 = gl.expand_dims(aux1, 2)
+    idx_lo = _per_row((a0 >> (8 * row_lo)) & 255, BN)
+    idx_hi = _per_row((a0 >> (8 * row_lo + 16)) & 255, BN)
+    s_lo = _sign_byte(_per_row((a1 >> (7 * row_lo)) & 127, BN))                  # the rows' 8 sign bits
+    s_hi = _sign_byte(_per_row((a1 >> (7 * row_lo + 14)) & 127, BN))
+    d32 = d.to(gl.float16, bitcast=True).to(gl.float32)
+    scale = d32 * (0.5 + ((aux1 >> 28) & 15).to(gl.float32)) * 0.25
+    return _iq_weights(idx_lo, idx_hi, grid_ptr, s_lo, s_hi, scale, scale, BN, L4, BF16, False)
+
+
+@jit
+def _iq2s_weights(qsw, sgw, qh, sc, d, grid_ptr, BN: tl.constexpr, L4: tl.constexpr, BF16: tl.constexpr):
     """IQ2_S's 32 weights of sub-block slot of each row, as _iq2xxs_weights: grid row l's index is byte l of the
     low-bits word | bits 2l, 2l + 1 of qh above them (1024 rows), its signs byte l of the sign word, and the low
     half (rows 0-1) takes the scale byte's low nibble, the high half its high nibble."""
@@ -394,24 +431,41 @@ def _iq2s_weights(qsw, sgw, qh, sc, d, grid_ptr, L4: tl.constexpr, BF16: tl.cons
     q3 = gl.expand_dims(qsw, 2)
     g3 = gl.expand_dims(sgw, 2)
     h3 = gl.expand_dims(qh, 2)
-    idx_lo = ((q3 >> (8 * row_lo)) & 255) | (((h3 >> (2 * row_lo)) & 3) << 8)
-    idx_hi = ((q3 >> (8 * row_lo + 16)) & 255) | (((h3 >> (2 * row_lo + 4)) & 3) << 8)
-    s_lo = (g3 >> (8 * row_lo + 4 * half)) & 15
-    s_hi = (g3 >> (8 * row_lo + 16 + 4 * half)) & 15
+    idx_lo = _per_row(((q3 >> (8 * row_lo)) & 255) | (((h3 >> (2 * row_lo)) & 3) << 8), BN)
+    idx_hi = _per_row(((q3 >> (8 * row_lo + 16)) & 255) | (((h3 >> (2 * row_lo + 4)) & 3) << 8), BN)
+    s_lo = _per_row((g3 >> (8 * row_lo)) & 255, BN)
+    s_hi = _per_row((g3 >> (8 * row_lo + 16)) & 255, BN)
     d32 = d.to(gl.float16, bitcast=True).to(gl.float32)
-    return _iq_weights(idx_lo, idx_hi, half, grid_ptr, s_lo, s_hi, d32 * (0.5 + (sc & 15).to(gl.float32)) * 0.25,
-                       d32 * (0.5 + ((sc >> 4) & 15).to(gl.float32)) * 0.25, L4, BF16, True)
+    return _iq_weights(idx_lo, idx_hi, grid_ptr, s_lo, s_hi, d32 * (0.5 + (sc & 15).to(gl.float32)) * 0.25,
+                       d32 * (0.5 + ((sc >> 4) & 15).to(gl.float32)) * 0.25, BN, L4, BF16, True)
 
 
 @jit
-def _iq_weights(idx_lo, idx_hi, half, grid_ptr, s_lo, s_hi, scale_lo, scale_hi, L4: tl.constexpr,
+def _grid_row_words(grid_ptr, index):
+    """The two 32-bit words (magnitude bytes 0-3, 4-7) of grid rows ``index``: one 8-byte load a row (as two 32-bit
+    registers: an int64 load's halves, shifted apart, cost the byte unpacking six PRMTs a row in SASS)."""
+    p = grid_ptr + index * 8
+    if INTERPRET_K:
+        w = p.to(gl.pointer_type(gl.int32))
+        return gl.load(w), gl.load(w + 1)
+    else:
+        return gl.inline_asm_elementwise("ld.global.nc.v2.b32 {$0, $1}, [$2];", "=r,=r,l", [p],
+                                         dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
+
+
+@jit
+def _iq_weights(idx_lo, idx_hi, grid_ptr, s_lo, s_hi, scale_lo, scale_hi, BN: tl.constexpr, L4: tl.constexpr,
                 BF16: tl.constexpr, TWO_SCALES: tl.constexpr):
-    """Grid rows [BN, 4, 4] of the low and high halves' words (word half ``half`` of each row: one 32-bit gather),
-    their sign nibbles, float32 scales [BN, 4] -> (low, high) weights [BN, 4, 4, 4] in the activation dtype (the
-    scales rounded to it first, then the product)."""
-    gp = grid_ptr.to(gl.pointer_type(gl.int32))
-    lo = gl.load(gp + idx_lo * 2 + half)                                         # [BN, 4, 4] magnitude words
-    hi = gl.load(gp + idx_hi * 2 + half)
+    """Grid row indexes [BN, 4, 2] of the low and high halves, the rows' 8 sign bits, float32 scales [BN, 4] ->
+    (low, high) weights [BN, 4, 4, 4] in the activation dtype (the scales rounded to it first, then the product).
+    A grid row is 8 magnitude bytes: one 8-byte gather each (two 4-byte gathers before: the IQ decode is bound by
+    its gathers, each of which touches up to 32 cache lines of the table)."""
+    lo0, lo1 = _grid_row_words(grid_ptr, idx_lo)                                 # [BN, 4, 2] each
+    hi0, hi1 = _grid_row_words(grid_ptr, idx_hi)
+    lo = _per_word(lo0, lo1, BN, L4)                                             # [BN, 4, 4] magnitude words
+    hi = _per_word(hi0, hi1, BN, L4)
+    sw_lo = _per_word(s_lo & 15, s_lo >> 4, BN, L4)                              # sign nibble of each word
+    sw_hi = _per_word(s_hi & 15, s_hi >> 4, BN, L4)
     if BF16:
         dt: tl.constexpr = gl.bfloat16
     else:
@@ -423,30 +477,35 @@ def _iq_weights(idx_lo, idx_hi, half, grid_ptr, s_lo, s_hi, scale_lo, scale_hi, 
     if INTERPRET_K:   # the same numbers without PTX
         byte = gl.arange(0, 4)
         e = gl.expand_dims(gl.expand_dims(gl.expand_dims(byte, 0), 1), 2)
-        sign_lo = 1.0 - 2.0 * ((gl.expand_dims(s_lo, 3) >> e) & 1).to(gl.float32)
-        sign_hi = 1.0 - 2.0 * ((gl.expand_dims(s_hi, 3) >> e) & 1).to(gl.float32)
+        sign_lo = 1.0 - 2.0 * ((gl.expand_dims(sw_lo, 3) >> e) & 1).to(gl.float32)
+        sign_hi = 1.0 - 2.0 * ((gl.expand_dims(sw_hi, 3) >> e) & 1).to(gl.float32)
         return ((lo_b.to(gl.float32) * _broadcast_like(sc_lo, lo_b).to(gl.float32) * sign_lo).to(dt),
                 (hi_b.to(gl.float32) * _broadcast_like(sc_hi, lo_b).to(gl.float32) * sign_hi).to(dt))
     else:
-        sg_lo = gl.broadcast(gl.expand_dims(s_lo, 3), lo_b)[0].to(gl.uint8)
-        sg_hi = gl.broadcast(gl.expand_dims(s_hi, 3), lo_b)[0].to(gl.uint8)
+        sg_lo = gl.broadcast(gl.expand_dims(sw_lo, 3), lo_b)[0].to(gl.uint8)
+        sg_hi = gl.broadcast(gl.expand_dims(sw_hi, 3), lo_b)[0].to(gl.uint8)
+        args = [lo_b, hi_b, sg_lo, sg_hi, _broadcast_like(sc_lo, lo_b)]
+        if TWO_SCALES:
+            args = args + [_broadcast_like(sc_hi, lo_b)]
+        if BF16:  # folded (_iq_asm): -M s of each scale, exact
+            args = args + [_broadcast_like((sc_lo.to(gl.float32) * -MAGIC_BF16).to(dt), lo_b)]
+            if TWO_SCALES:
+                args = args + [_broadcast_like((sc_hi.to(gl.float32) * -MAGIC_BF16).to(dt), lo_b)]
         if TWO_SCALES:
             if BF16:
                 asm: tl.constexpr = _ASM_IQ2S_BF16
+                cons: tl.constexpr = "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r,r,r"
             else:
                 asm: tl.constexpr = _ASM_IQ2S_FP16
-            return gl.inline_asm_elementwise(asm, "=r,=r,=r,=r,r,r,r,r,r,r,r,r",
-                                             [lo_b, hi_b, sg_lo, sg_hi, _broadcast_like(sc_lo, lo_b),
-                                              _broadcast_like(sc_hi, lo_b)], (sc_lo.dtype, sc_lo.dtype),
-                                             is_pure=True, pack=4)
+                cons: tl.constexpr = "=r,=r,=r,=r,r,r,r,r,r,r,r,r"
         else:
             if BF16:
                 asm: tl.constexpr = _ASM_IQ2XXS_BF16
+                cons: tl.constexpr = "=r,=r,=r,=r,r,r,r,r,r,r,r,r"
             else:
                 asm: tl.constexpr = _ASM_IQ2XXS_FP16
-            return gl.inline_asm_elementwise(asm, "=r,=r,=r,=r,r,r,r,r,r,r",
-                                             [lo_b, hi_b, sg_lo, sg_hi, _broadcast_like(sc_lo, lo_b)],
-                                             (sc_lo.dtype, sc_lo.dtype), is_pure=True, pack=4)
+                cons: tl.constexpr = "=r,=r,=r,=r,r,r,r,r,r,r"
+        return gl.inline_asm_elementwise(asm, cons, args, (sc_lo.dtype, sc_lo.dtype), is_pure=True, pack=4)
 
 
 @jit
@@ -507,6 +566,14 @@ def _load_half(QTYPE: tl.constexpr, rowp, slot, word, act_p, x_ok, sb, HF: tl.co
         h2 = gl.convert_layout(h2, LSLOT, assert_trivial=True)
         h3 = gl.convert_layout(h3, LSLOT, assert_trivial=True)
         return codes, h0, h1, h2, h3, high, xt
+    elif QTYPE == 16 and PACKED:
+        # IQ2_XXS's PLANES: the row's 64-byte code blocks first, sub-block 4 HF + slot's 8 bytes one aligned load
+        # (its two words: the grid indices, the signs and scale); then the rows' d
+        aux = gl.load((rowp + sb * 64 + 8 * (4 * HF + slot)).to(gl.pointer_type(gl.int64)))   # [BN, 4]
+        aux0 = aux.to(gl.int32)
+        aux1 = (aux >> 32).to(gl.int32)
+        d = gl.load((rowp + num_sb * 64 + sb * 2 + slot * 0).to(gl.pointer_type(gl.int16)))
+        return aux0, aux1, d, aux0, aux0, aux0, xt
     elif QTYPE == 16:
         # sub-block 4 HF + slot: 4 grid indices, then signs and scale (2-byte aligned blocks: 16-bit loads)
         base = rowp + sb * 66
@@ -515,6 +582,18 @@ def _load_half(QTYPE: tl.constexpr, rowp, slot, word, act_p, x_ok, sb, HF: tl.co
         aux1 = (gl.load(ap + 2).to(gl.int32) & 0xFFFF) | (gl.load(ap + 3).to(gl.int32) << 16)
         d = gl.load((base + slot * 0).to(gl.pointer_type(gl.int16)))
         return aux0, aux1, d, aux0, aux0, aux0, xt
+    elif QTYPE == 22 and PACKED:
+        # IQ2_S's PLANES: sub-block 4 HF + slot's index low bytes and sign bytes one aligned 8-byte load; its qh and
+        # scale bytes from the row's second plane; then the rows' d
+        ib = 4 * HF + slot
+        pair = gl.load((rowp + sb * 64 + 8 * ib).to(gl.pointer_type(gl.int64)))
+        qsw = pair.to(gl.int32)
+        sgw = (pair >> 32).to(gl.int32)
+        hs = rowp + num_sb * 64 + sb * 16 + ib
+        qh = gl.load(hs).to(gl.int32)
+        sc = gl.load(hs + 8).to(gl.int32)
+        d = gl.load((rowp + num_sb * 80 + sb * 2 + slot * 0).to(gl.pointer_type(gl.int16)))
+        return qsw, sgw, qh, sc, d, qsw, xt
     elif QTYPE == 22:
         # sub-block ib = 4 HF + slot: index low bytes and sign bytes of its 4 grid rows (16-bit loads), the index
         # high bits and the two scales (a byte each)
@@ -551,7 +630,7 @@ def _load_half(QTYPE: tl.constexpr, rowp, slot, word, act_p, x_ok, sb, HF: tl.co
         d1 = gl.load((base + 68).to(gl.pointer_type(gl.int16)))
         return c0, c1, d0, d1, d0, c0, xt
     elif QTYPE == 14 and PACKED:
-        # Q6_K_PACKED (pack_q6_k): a row's code bytes (each super-block's 128 low-nibble and 64 high-bit bytes)
+        # Q6_K's PLANES: a row's code bytes (each super-block's 128 low-nibble and 64 high-bit bytes)
         # first, 16-byte aligned: a slot's 16 low-nibble and 16 high-bit bytes are one load each; then the rows'
         # scales (16 a super-block), then their d
         codes = rowp + sb * 192
@@ -585,9 +664,9 @@ def _consume_half(acc, QTYPE: tl.constexpr, stage, slot, HF: tl.constexpr, BN: t
                   ACC: tl.constexpr, BF16: tl.constexpr, grid_ptr, COLS: tl.constexpr):
     w0, w1, w2, w3, w4, w5, xt = stage
     if QTYPE == 16:
-        w_lo, w_hi = _iq2xxs_weights(w0, w1, w2, grid_ptr, L4, BF16)
+        w_lo, w_hi = _iq2xxs_weights(w0, w1, w2, grid_ptr, BN, L4, BF16)
     elif QTYPE == 22:
-        w_lo, w_hi = _iq2s_weights(w0, w1, w2, w3, w4, grid_ptr, L4, BF16)
+        w_lo, w_hi = _iq2s_weights(w0, w1, w2, w3, w4, grid_ptr, BN, L4, BF16)
     elif QTYPE == 12 or QTYPE == 13:
         a_lo, b_lo, a_hi, b_hi = _q4k_scales(w1, w2, w3, w4, slot, HF, BF16)
         if QTYPE == 13:  # bit 2c of high-bit byte l is value l's fifth bit in group 2c: to bits 0 (low), 1 (high)
@@ -852,12 +931,13 @@ def covers(qtype: int, k: int, dtype, types: tuple = MMA_TYPES) -> bool:
 ROW_ALIGN = {Q4_K: 4, Q5_K: 4, Q6_K: 2, Q8_0: 2, IQ2_XXS: 2, IQ2_S: 2}
 
 
-PACKED_ROW_ALIGN = 16   # pack's layouts: each thread's code bytes are one 16-byte load
+# pack's layouts: each thread's code bytes are one 16-byte load (IQ2: its 8 bytes of a sub-block, one 8-byte load)
+PACKED_ROW_ALIGN = {Q8_0: 16, Q6_K: 16, IQ2_XXS: 8, IQ2_S: 8}
 
 
 def aligned(w, qtype: int, packed: bool = False) -> bool:
     """Whether the rows (and experts) of w start where the kernel's loads need them to."""
-    a = PACKED_ROW_ALIGN if packed else ROW_ALIGN[int(qtype)]
+    a = PACKED_ROW_ALIGN[int(qtype)] if packed else ROW_ALIGN[int(qtype)]
     return w.data_ptr() % a == 0 and all(st % a == 0 for st in w.stride()[:-1])
 
 
@@ -873,7 +953,7 @@ def launch(x, w, out, *, qtype: int, n: int, num_valid: int, num_blocks: int, sp
     routed pair a block, expert_ids = topk_ids flattened (sorted_ids, num_padded None); TOKEN_SUM: one token a block
     summed over its top_k slots (expert_ids = topk_ids flattened, route weights required), sb_per_split then counts
     (slot, super-block) units.  final: the launch's result [out rows, N] (gated: [out rows, N / 2], SiLU(gate) * up),
-    written by the last program of each tile from the planes in out.  packed: w is in pack's layout (Q8_0, Q6_K)."""
+    written by the last program of each tile from the planes in out.  packed: w is in pack's layout (PACKERS)."""
     if packed and int(qtype) not in PACKERS:
         raise ValueError(f"packed weights are {'/'.join(gguf.GGMLQuantizationType(t).name for t in PACKERS)} only, "
                          f"not {gguf.GGMLQuantizationType(qtype).name}")
@@ -922,7 +1002,7 @@ def linear(x, qweight, qtype: int, n: int, num_sms: int, tuning: dict | None = N
            cols: int | None = None, packed: bool = False):
     """x [M, K] @ W[:n].T for a weight of one of MMA_TYPES [>= n, row bytes]: M rows in blocks of cols (default
     cols_for(M)), K split to fill the GPU, the split sums added by the last program of each tile (one launch).
-    packed: a weight in pack's layout (Q8_0, Q6_K)."""
+    packed: a weight in pack's layout (PACKERS)."""
     import torch
     m, k = x.shape
     tuning = tuning_for(qtype, tuning)
@@ -972,55 +1052,91 @@ def unpack_q8_0(w):
     return torch.cat([scales, codes], -1).reshape(w.shape).contiguous()
 
 
-# Q6_K_PACKED: Q6_K's 210-byte blocks are 2-byte aligned, so a thread's 16 low-nibble and 16 high-bit bytes took
-# sixteen 2-byte loads.  Packed, a row holds its super-blocks' code bytes first (128 low-nibble + 64 high-bit bytes
-# each, 192: 16-byte aligned), then their 16 scale bytes each, then their d, the row padded to 16 bytes (at most 15
-# bytes a row more).  Exact: the same bytes, moved.
-Q6_K_BLOCK_BYTES = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q6_K][1]   # 210
-Q6_K_CODE_BYTES, Q6_K_SCALE_BYTES = 192, 16
+# Row-planar packed layouts (Q6_K, IQ2_XXS, IQ2_S): the file's blocks are only 2-byte aligned, so a thread's code
+# bytes took 2-byte loads.  Packed, a row holds its super-blocks' bytes regrouped in planes: each plane is the same
+# bytes of every super-block of the row (PLANES: the block offsets it takes, in order), the code plane first, 8- or
+# 16-byte aligned wherever a row starts; then the scale planes; the row padded to PACKED_ROW_ALIGN.  Exact: the same
+# bytes, moved.
+#   Q6_K (210 B): 128 low-nibble + 64 high-bit bytes (a slot's 16 of each one 16-byte load), 16 int8 scales, d;
+#   IQ2_XXS (66 B): 8 sub-blocks of (4 grid-index bytes, the sign/scale word): one 8-byte load a sub-block; d;
+#   IQ2_S (82 B): 8 sub-blocks of (4 grid-index low bytes, 4 sign bytes): one 8-byte load a sub-block; the 8 qh bytes
+#   and the 8 scale bytes; d.
+# (The kernels' offsets into each plane are in gguf_matmul._load_step and _load_half; tests pin them to these.)
+PLANES = {
+    Q6_K: (tuple(range(0, 192)), tuple(range(192, 208)), (208, 209)),
+    IQ2_XXS: (tuple(range(2, 66)), (0, 1)),
+    IQ2_S: (tuple(b for j in range(8) for b in (*range(2 + 4 * j, 6 + 4 * j), *range(34 + 4 * j, 38 + 4 * j))),
+            tuple(range(66, 82)), (0, 1)),
+}
 
 
-def q6_k_packed_row_bytes(k: int) -> int:
-    """Bytes of a packed Q6_K row of k values (a multiple of 256)."""
-    return -(-(k // SB_VALUES.value) * Q6_K_BLOCK_BYTES // 16) * 16
+def _block_bytes(qtype: int) -> int:
+    return gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(qtype)][1]
 
 
-def pack_q6_k(w):
-    """A Q6_K weight [..., row bytes] in the packed layout above: [..., q6_k_packed_row_bytes(K)]."""
+for _qt, _planes in PLANES.items():   # every byte of the block in exactly one plane
+    assert sorted(b for p in _planes for b in p) == list(range(_block_bytes(_qt))), _qt
+
+
+def planar_row_bytes(qtype: int, k: int) -> int:
+    """Bytes of a packed row of k values (a multiple of 256) of a PLANES type."""
+    align = PACKED_ROW_ALIGN[int(qtype)]
+    return -(-(k // SB_VALUES.value) * _block_bytes(qtype) // align) * align
+
+
+def pack_planar(w, qtype: int):
+    """A weight [..., row bytes] of a PLANES type in its packed layout: [..., planar_row_bytes(K)]."""
     import torch
-    if w.dtype != torch.uint8 or w.shape[-1] % Q6_K_BLOCK_BYTES:
-        raise ValueError(f"pack_q6_k: a uint8 Q6_K weight with rows of whole {Q6_K_BLOCK_BYTES}-byte super-blocks, "
-                         f"got {w.dtype} rows of {w.shape[-1]} bytes")
-    nsb = w.shape[-1] // Q6_K_BLOCK_BYTES
-    blocks = w.reshape(*w.shape[:-1], nsb, Q6_K_BLOCK_BYTES)
-    row = q6_k_packed_row_bytes(nsb * SB_VALUES.value)
-    parts = [blocks[..., :Q6_K_CODE_BYTES].reshape(*w.shape[:-1], -1),
-             blocks[..., Q6_K_CODE_BYTES:Q6_K_CODE_BYTES + Q6_K_SCALE_BYTES].reshape(*w.shape[:-1], -1),
-             blocks[..., Q6_K_CODE_BYTES + Q6_K_SCALE_BYTES:].reshape(*w.shape[:-1], -1),
-             w.new_zeros(*w.shape[:-1], row - w.shape[-1])]
+    nbytes, name = _block_bytes(qtype), gguf.GGMLQuantizationType(qtype).name
+    if w.dtype != torch.uint8 or w.shape[-1] % nbytes:
+        raise ValueError(f"pack {name}: a uint8 {name} weight with rows of whole {nbytes}-byte super-blocks, got "
+                         f"{w.dtype} rows of {w.shape[-1]} bytes")
+    nsb = w.shape[-1] // nbytes
+    blocks = w.reshape(*w.shape[:-1], nsb, nbytes)
+    parts = [blocks[..., list(plane)].reshape(*w.shape[:-1], -1) for plane in PLANES[int(qtype)]]
+    parts.append(w.new_zeros(*w.shape[:-1], planar_row_bytes(qtype, nsb * SB_VALUES.value) - w.shape[-1]))
     return torch.cat(parts, -1).contiguous()
 
 
-def unpack_q6_k(w, k: int):
-    """pack_q6_k's inverse for rows of k values: the file's Q6_K layout again."""
+def unpack_planar(w, qtype: int, k: int):
+    """pack_planar's inverse for rows of k values: the file's layout again."""
     import torch
-    nsb = k // SB_VALUES.value
+    nsb, nbytes = k // SB_VALUES.value, _block_bytes(qtype)
     lead = w.shape[:-1]
-    codes = w[..., :nsb * Q6_K_CODE_BYTES].reshape(*lead, nsb, Q6_K_CODE_BYTES)
-    scales = w[..., nsb * Q6_K_CODE_BYTES:nsb * (Q6_K_CODE_BYTES + Q6_K_SCALE_BYTES)].reshape(*lead, nsb,
-                                                                                              Q6_K_SCALE_BYTES)
-    d = w[..., nsb * (Q6_K_CODE_BYTES + Q6_K_SCALE_BYTES):nsb * Q6_K_BLOCK_BYTES].reshape(*lead, nsb, 2)
-    return torch.cat([codes, scales, d], -1).reshape(*lead, nsb * Q6_K_BLOCK_BYTES).contiguous()
+    out = torch.empty(*lead, nsb, nbytes, dtype=w.dtype, device=w.device)
+    at = 0
+    for plane in PLANES[int(qtype)]:
+        out[..., list(plane)] = w[..., at:at + nsb * len(plane)].reshape(*lead, nsb, len(plane))
+        at += nsb * len(plane)
+    return out.reshape(*lead, nsb * nbytes)
 
 
-# the packed layouts: qtype -> (pack(w), unpack(w, k))
-PACKERS = {Q8_0: (pack_q8_0, lambda w, k: unpack_q8_0(w)), Q6_K: (pack_q6_k, unpack_q6_k)}
+def q6_k_packed_row_bytes(k: int) -> int:
+    return planar_row_bytes(Q6_K, k)
+
+
+def pack_q6_k(w):
+    return pack_planar(w, Q6_K)
+
+
+def iq2_xxs_packed_row_bytes(k: int) -> int:
+    return planar_row_bytes(IQ2_XXS, k)
+
+
+def pack_iq2_xxs(w):
+    return pack_planar(w, IQ2_XXS)
+
+
+# the packed layouts: qtype -> (pack(w), unpack(w, k)).  Serving repacks the types of
+# kernel_coverage.LOAD_PACKED_TYPES (measured faster); a type here and not there is for the bench and tests only.
+PACKERS = {Q8_0: (pack_q8_0, lambda w, k: unpack_q8_0(w)),
+           **{qt: (lambda w, qt=qt: pack_planar(w, qt), lambda w, k, qt=qt: unpack_planar(w, qt, k)) for qt in PLANES}}
 
 
 def packed_row_bytes(qtype: int, k: int) -> int:
     """Bytes of a row of k values (a multiple of 256) in its type's packed layout."""
-    if int(qtype) == Q6_K:
-        return q6_k_packed_row_bytes(k)
+    if int(qtype) in PLANES:
+        return planar_row_bytes(qtype, k)
     if int(qtype) == Q8_0:
         return k // SB_VALUES.value * Q8_0_GROUP_BLOCKS * Q8_0_BLOCK_BYTES
     raise ValueError(f"GGUF type {qtype} has no packed layout (PACKERS: {tuple(PACKERS)})")

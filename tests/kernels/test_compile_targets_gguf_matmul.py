@@ -44,7 +44,9 @@ _SCRIPT = textwrap.dedent(
             rec.update(ok=True, shared=int(k.metadata.shared), mma=("mma" in ptx),
                        # global loads by width: 16-bit ones (2-byte aligned blocks) against 16-byte ones
                        b16_loads=len(re.findall(r"ld\.global(?:\.\w+)*\.[bsu]16\b", ptx)),
-                       v4_loads=len(re.findall(r"ld\.global(?:\.\w+)*\.v4\.", ptx)))
+                       v4_loads=len(re.findall(r"ld\.global(?:\.\w+)*\.v4\.", ptx)),
+                       # 8-byte ones: IQ2 grid rows (both layouts), packed IQ2_XXS sub-blocks
+                       b64_loads=len(re.findall(r"ld\.global(?:\.\w+)*\.(?:v2\.[bsu]32|[bsu]64)\b", ptx)))
             if cfg.get("gluon"):  # registers and spills, from the cubin
                 with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
                     f.write(k.asm["cubin"])
@@ -82,4 +84,11 @@ def test_gguf_matmul_configs_compile(cc, repo_root):
         file_, packed = by_name[f"mma {qtype} linear -> bf16"], by_name[f"mma {qtype} packed linear -> bf16"]
         assert packed["b16_loads"] * 4 <= file_["b16_loads"] and packed["v4_loads"] > file_["v4_loads"], \
             (file_, packed)
+    # IQ2_XXS: a grid row is one 8-byte gather in either layout (sm_120: 32); packed, a sub-block's 8 bytes are one
+    # 8-byte load instead of four 2-byte loads (12 b16 + 44 b64 against 60 b16 + 32 b64)
+    # (IQ2_S: its index and sign words 4 b16 loads, now one b64)
+    for qtype in ("iq2_xxs", "iq2_s"):
+        file_, packed = by_name[f"mma {qtype} linear -> bf16"], by_name[f"mma {qtype} packed linear -> bf16"]
+        assert file_["b64_loads"] > 0 and packed["b16_loads"] * 4 <= file_["b16_loads"], (file_, packed)
+        assert packed["b64_loads"] > file_["b64_loads"], (file_, packed)
     print(f"\nsm_{cc}: " + ", ".join(f"{r['name']}={r['shared']}" for r in recs))

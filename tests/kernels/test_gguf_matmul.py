@@ -109,7 +109,7 @@ def _moe(q13, q2, e, h, inter, t, top_k, g, hot=False):
     return w13, w2, x, ids, wts
 
 
-@pytest.mark.parametrize("name", ["Q8_0", "Q6_K"])
+@pytest.mark.parametrize("name", ["Q8_0", "Q6_K", "IQ2_XXS", "IQ2_S"])
 def test_packed_weights_on_every_linear_plan_give_the_file_layouts_product(name):
     """A weight repacked at load (gguf_mma.pack) through each plan gguf_linear takes — the tile kernel split over K
     (decode) and in 64-row prefill tiles, the dequantizing path, the register-MMA kernel — gives the file layout's
@@ -120,7 +120,8 @@ def test_packed_weights_on_every_linear_plan_give_the_file_layouts_product(name)
     qt = TYPES[name]
     g = torch.Generator().manual_seed(qt + 91)
     for n, k in ((40, 256), (24, 512), (16, 2048)):
-        w = ref.quantized_blocks(qt, torch.randn(n, k, generator=g) * 0.02)
+        w = (ref.quantized_blocks(qt, torch.randn(n, k, generator=g) * 0.02) if qt in ref.QUANTIZABLE
+             else ref.random_blocks(qt, n, k, g))
         p = gguf_mma.pack(w, qt)
         assert torch.equal(gm.gguf_dequantize(p, qt, k, torch.float32, packed=True),
                            gm.gguf_dequantize(w, qt, k, torch.float32))
@@ -131,8 +132,9 @@ def test_packed_weights_on_every_linear_plan_give_the_file_layouts_product(name)
             want = gm.gguf_linear(x, w, qt, plan=plan)
             got = gm.gguf_linear(x, p, qt, plan=plan, packed=True)
             assert torch.equal(got, want), (name, n, k, m, plan)
-        if k == 256 and qt == gm.Q6_K:   # the file's rows are shorter than the packed layout's: refused, one line
-            with pytest.raises(ValueError, match=r"expected 224 contiguous bytes for K=256 packed"):
+        if k == 256 and qt in gguf_mma.PLANES:   # the file's rows are shorter than the packed layout's:
+            with pytest.raises(ValueError,              # refused, one line
+                               match=rf"expected {gguf_mma.packed_row_bytes(qt, k)} contiguous bytes for K=256 packed"):
                 gm.gguf_linear(x, w, qt, packed=True)
     with pytest.raises(ValueError, match="no packed layout"):
         gm.gguf_linear(x, ref.random_blocks(gm.Q4_K, 8, 256, g), gm.Q4_K, packed=True)

@@ -352,7 +352,58 @@ def test_packed_q6_k_is_the_same_bytes_and_the_same_products():
         mma.pack_q6_k(torch.zeros(4, 300, dtype=torch.uint8))
 
 
-@pytest.mark.parametrize("types", [("Q8_0", "Q8_0"), ("Q6_K", "Q6_K"), ("Q8_0", "Q6_K"), ("Q6_K", "Q4_K")])
+@pytest.mark.parametrize("name", ["IQ2_XXS", "IQ2_S"])
+def test_packed_iq2_is_the_same_bytes_and_the_same_products(name):
+    """pack puts an IQ2 row's sub-blocks first, 8 bytes each (IQ2_XXS: the 4 grid indexes and the sign/scale word;
+    IQ2_S: the 4 index low bytes and the 4 sign bytes: one aligned load), then (IQ2_S) its qh and scale bytes, then
+    its d, padded to 8 bytes: unpacked back bit for bit; the kernel reading it gives the file layout's output
+    exactly, for one super-block a row (a TP-8 expert's w2: 72 / 88 bytes for 66 / 82) to 8, split or not.  Reading
+    the file's bytes as packed is wrong.  (No quantizer here for IQ types: random valid blocks.)"""
+    qt = getattr(mma, name)
+    g = torch.Generator().manual_seed(23 + qt)
+    nbytes = 66 if qt == mma.IQ2_XXS else 82
+    table = gm.grid_table(qt, torch.device("cpu"))
+    for n, k in ((72, 256), (40, 1024), (16, 2048)):
+        w = ref.random_blocks(qt, n, k, g)
+        packed = mma.pack(w, qt)
+        nsb = k // 256
+        assert packed.shape == (n, mma.packed_row_bytes(qt, k)) and packed.shape[1] % 8 == 0
+        assert packed.shape[1] - w.shape[1] < 8 and mma.aligned(packed, qt, packed=True)
+        assert torch.equal(mma.unpack(packed, qt, k), w)
+        sb = min(1, nsb - 1)   # super-block 1 (or 0) of row 3, where the kernels read it
+        blk = w[3, nbytes * sb:nbytes * (sb + 1)]
+        for j in range(8):     # sub-block j: its 8 bytes at 64 sb + 8 j
+            want = blk[2 + 8 * j:10 + 8 * j] if qt == mma.IQ2_XXS else torch.cat([blk[2 + 4 * j:6 + 4 * j],
+                                                                                  blk[34 + 4 * j:38 + 4 * j]])
+            assert torch.equal(packed[3, 64 * sb + 8 * j:64 * sb + 8 * j + 8], want), j
+        if qt == mma.IQ2_S:    # qh and scales at 64 nsb + 16 sb, d at 80 nsb + 2 sb
+            assert torch.equal(packed[3, 64 * nsb + 16 * sb:64 * nsb + 16 * sb + 16], blk[66:82])
+        d_at = (64 if qt == mma.IQ2_XXS else 80) * nsb + 2 * sb
+        assert torch.equal(packed[3, d_at:d_at + 2], blk[:2])
+        for m, num_sms in ((1, 4), (5, 1), (8, 16), (19, 4)):
+            x = torch.randn(m, k, generator=g).half()
+            want = mma.linear(x, w, qt, n, num_sms, grid_table=table)
+            got = mma.linear(x, packed, qt, n, num_sms, grid_table=table, packed=True)
+            assert torch.equal(got, want), (n, k, m, num_sms)
+    x = torch.randn(4, 1024, generator=g).half()
+    w = ref.random_blocks(qt, 200, 1024, g)
+    wrong = mma.linear(x, w, qt, 200, 4, grid_table=table, packed=True)
+    close = torch.isclose(wrong.double(), mma.linear(x, w, qt, 200, 4, grid_table=table).double(),
+                          rtol=0.1, atol=1e-3)
+    assert close.double().mean().item() < 0.5
+    with pytest.raises(ValueError, match=f"whole {nbytes}-byte super-blocks"):
+        mma.pack(torch.zeros(4, 100, dtype=torch.uint8), qt)
+
+
+def _blocks(qtype, n, k, g):
+    """Real quantizer blocks where the test environment has a quantizer, random valid blocks otherwise."""
+    if qtype in ref.QUANTIZABLE:
+        return ref.quantized_blocks(qtype, torch.randn(n, k, generator=g) * 0.02)
+    return ref.random_blocks(qtype, n, k, g)
+
+
+@pytest.mark.parametrize("types", [("Q8_0", "Q8_0"), ("Q6_K", "Q6_K"), ("Q8_0", "Q6_K"), ("Q6_K", "Q4_K"),
+                                   ("IQ2_XXS", "IQ2_S"), ("IQ2_S", "IQ2_XXS")])
 def test_packed_experts_give_the_file_layouts_moe(monkeypatch, types):
     """Experts in gguf_mma.pack's layout (packed13 / packed2; a Q4_K weight stays in the file's) on every path a
     MoE takes: the register-MMA decode passes (routed pairs direct and in sorted blocks, the w2 top-k sum split
@@ -364,8 +415,8 @@ def test_packed_experts_give_the_file_layouts_moe(monkeypatch, types):
     pk13, pk2 = q13 in mma.PACKERS, q2 in mma.PACKERS
     g = torch.Generator().manual_seed(61 + q13 + q2)
     e, h, inter, top_k = 6, 512, 256, 3
-    w13 = torch.stack([ref.quantized_blocks(q13, torch.randn(2 * inter, h, generator=g) * 0.02) for _ in range(e)])
-    w2 = torch.stack([ref.quantized_blocks(q2, torch.randn(h, inter, generator=g) * 0.02) for _ in range(e)])
+    w13 = torch.stack([_blocks(q13, 2 * inter, h, g) for _ in range(e)])
+    w2 = torch.stack([_blocks(q2, h, inter, g) for _ in range(e)])
     p13 = mma.pack(w13, q13) if pk13 else w13
     p2 = mma.pack(w2, q2) if pk2 else w2
     for t, plan in ((1, {"mma": True, "direct": True}), (3, {"mma": True, "direct": True}),
@@ -382,7 +433,7 @@ def test_packed_experts_give_the_file_layouts_moe(monkeypatch, types):
     assert torch.equal(gm.gguf_moe(x[:5], p13, p2, wts[:5], ids[:5], q13, q2, packed13=pk13, packed2=pk2),
                        gm.gguf_moe(x[:5], w13, w2, wts[:5], ids[:5], q13, q2))
     if pk2:   # a file-layout weight called packed is refused where its rows are too short for the packed layout
-        short = w2[..., : mma.packed_row_bytes(q2, inter) - 2] if q2 == mma.Q6_K else None
+        short = w2[..., : mma.packed_row_bytes(q2, inter) - 2] if q2 in mma.PLANES else None
         if short is not None:
             with pytest.raises(ValueError, match="packed"):
                 gm.gguf_moe(x, p13, short, wts, ids, q13, q2, packed13=pk13, packed2=True)
