@@ -184,7 +184,21 @@ def test_compiles_under_a_post_compile_hook():
     assert ((got.double().cpu() - want).norm() / want.norm()).item() <= 4 * U[torch.bfloat16]
 
 
-@pytest.mark.parametrize("name", ["Q8_0", "Q6_K"])
+def _blocks(ref, qtype, rows, k, g):
+    """[*rows, row bytes]: a real quantizer's blocks where there is one, random valid blocks (IQ types) otherwise."""
+    rows = (rows,) if isinstance(rows, int) else tuple(rows)
+    if qtype in ref.QUANTIZABLE:
+        n = 1
+        for r in rows:
+            n *= r
+        return ref.quantized_blocks(qtype, torch.randn(n, k, generator=g) * 0.02).view(*rows, -1)
+    return ref.random_blocks(qtype, rows, k, g)
+
+
+PACKED_TYPES = ["Q8_0", "Q6_K", "IQ2_XXS", "IQ2_S"]   # gguf_mma.PACKERS (the IQ2 ones for the bench until measured)
+
+
+@pytest.mark.parametrize("name", PACKED_TYPES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_packed_weights_give_the_file_layouts_output(name, dtype):
     """gguf_mma.pack's layouts (16-byte code loads) through the compiled kernel: the file layout's output bit for
@@ -194,44 +208,46 @@ def test_packed_weights_give_the_file_layouts_output(name, dtype):
     qtype = getattr(mma, name)
     g = torch.Generator().manual_seed(77 + qtype + (dtype == torch.float16))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
+    table = gm.grid_table(qtype, torch.device("cuda")) if qtype in mma.GRID_TYPES else None
     for n, k in ((333, 1024), (96, 256), (2624, 6144)):
-        w = ref.quantized_blocks(qtype, torch.randn(n, k, generator=g) * 0.02)
+        w = _blocks(ref, qtype, n, k, g)
         wd, packed, w64 = w.cuda(), mma.pack(w, qtype).cuda(), ref.dequantize(w, qtype, k)
         for m, num_sms in ((1, sms), (3, sms), (8, sms), (2, 1)):
             x = torch.randn(m, k, generator=g).to(dtype)
-            want = mma.linear(x.cuda(), wd, qtype, n, num_sms)
-            got = mma.linear(x.cuda(), packed, qtype, n, num_sms, packed=True)
+            want = mma.linear(x.cuda(), wd, qtype, n, num_sms, grid_table=table)
+            got = mma.linear(x.cuda(), packed, qtype, n, num_sms, grid_table=table, packed=True)
             assert torch.equal(got, want), (n, k, m, num_sms)
             exact = x.double() @ w64.T
             bound = ref.mma_error_bound(x, w, qtype, k, U[dtype]) + U[dtype] * exact.abs()
             assert ((got.double().cpu() - exact).abs() - bound).max().item() <= 0, (n, k, m, num_sms)
 
 
-@pytest.mark.parametrize("name", ["Q8_0", "Q6_K"])
+@pytest.mark.parametrize("name", PACKED_TYPES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_repacked_weights_on_every_serving_plan_give_the_file_layouts_output(name, dtype):
     """Weights repacked at load (gguf_mma.pack, loading/gguf_repack.py) through the plans serving takes, compiled:
     dense linears of 1-200 rows (register MMA, tile kernels split over K and in prefill tiles, dequantized for cuBLAS)
     and MoEs of 1-1024 tokens (register-MMA decode, direct and sorted; prefill tiles; dequantized experts), TP-8
-    dense shapes and experts with a w2 at K = 256 (Q6_K: packed rows grow to 224 bytes).  Each gives the file
-    layout's output bit for bit (the same arithmetic: its float64 bound is the file layout's tests')."""
+    dense shapes and experts with a w2 at K = 256 (packed rows grow: Q6_K to 224 bytes, IQ2_XXS 72, IQ2_S 88).  Each
+    gives the file layout's output bit for bit (the same arithmetic: its float64 bound is the file layout's tests')."""
     gm, ref, mma = _mods()
     qtype = getattr(mma, name)
     g = torch.Generator().manual_seed(91 + qtype + (dtype == torch.float16))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
+    table = gm.grid_table(qtype, torch.device("cuda")) if qtype in mma.GRID_TYPES else None
     for n, k in ((2624, 6144), (96, 256)):
-        w = ref.quantized_blocks(qtype, torch.randn(n, k, generator=g) * 0.02).cuda()
+        w = _blocks(ref, qtype, n, k, g).cuda()
         packed = mma.pack(w, qtype)
         for m in (1, 3, 8, 20, 64, 200):
             x = torch.randn(m, k, generator=g).to(dtype).cuda()
             on_mma = m <= gm.mma_linear_max_rows(qtype) and gm.mma_decode(qtype, k, dtype, weight=packed,
                                                                             linear=True, packed=True)
-            want = mma.linear(x, w, qtype, n, sms) if on_mma else gm.gguf_linear(x, w, qtype)
+            want = mma.linear(x, w, qtype, n, sms, grid_table=table) if on_mma else gm.gguf_linear(x, w, qtype)
             got = gm.gguf_linear(x, packed, qtype, packed=True)
             assert torch.equal(got, want), (n, k, m, on_mma)
     e, h, inter, top_k = 64, 1024, 256, 8
-    w13 = ref.quantized_blocks(qtype, torch.randn(e * 2 * inter, h, generator=g) * 0.02).view(e, 2 * inter, -1).cuda()
-    w2 = ref.quantized_blocks(qtype, torch.randn(e * h, inter, generator=g) * 0.02).view(e, h, -1).cuda()
+    w13 = _blocks(ref, qtype, (e, 2 * inter), h, g).cuda()
+    w2 = _blocks(ref, qtype, (e, h), inter, g).cuda()
     p13, p2 = mma.pack(w13, qtype), mma.pack(w2, qtype)
     regimes = set()
     for t in (1, 3, 16, 200, 1024):
