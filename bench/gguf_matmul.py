@@ -348,7 +348,8 @@ def bench_dense(type_names, tokens, bw, peak, gen, vg, rows, tile_rows=False):
                     # weight takes it (MMA_PACKED_LINEAR_TYPES), else the same plan as ours
                     on_mma = (t <= gm.mma_linear_max_rows(qt)
                               and gm.mma_decode(qt, k, x.dtype, weight=packed[0], linear=True, packed=True))
-                    twin = gguf_mma.linear(x, ws[0], qt, n, sms) if on_mma else ours
+                    grid = gm.grid_table(qt, x.device) if qt in gguf_mma.GRID_TYPES else None
+                    twin = gguf_mma.linear(x, ws[0], qt, n, sms, grid_table=grid) if on_mma else ours
                     row["mma_packed_equal"] = bool(torch.equal(same, twin))
                     row["mma_packed_us"] = graph_us([lambda w=w: gm.gguf_linear(x, w, qt, packed=True)
                                                      for w in packed] * 2)
