@@ -104,7 +104,7 @@ def _k_of(row_bytes: int, qtype: int) -> int:
 def repack_linear(layer: torch.nn.Module, tally: RepackTally) -> None:
     """A GGUF linear's qweight: a single weight, or a merged one's shards (rows [start, end), their own row bytes
     within the padded width; packed in place where the packed row is as long, else left in the file's layout)."""
-    from glm5_shim.kernels.gguf_mma import pack, packed_row_bytes
+    from glm5_shim.kernels.gguf_mma import aligned, pack, packed_row_bytes
 
     qweight, qtype_param = getattr(layer, "qweight", None), getattr(layer, "qweight_type", None)
     if not _loaded(qweight) or qtype_param is None:
@@ -123,7 +123,7 @@ def repack_linear(layer: torch.nn.Module, tally: RepackTally) -> None:
             if not packs_at_load(qtype, k) or packed_row_bytes(qtype, k) != width:
                 continue
             rows = qweight.data[start:end, :width]
-            if not _aligned16(rows):
+            if not aligned(rows, qtype, packed=True):   # where the packed layout's loads need its rows
                 continue
             rows.copy_(pack(rows.contiguous(), qtype))
             types[idx] = packed_type(qtype)
@@ -162,10 +162,6 @@ def _file_row_bytes(qtype: int, k: int) -> int:
 
     values, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(qtype)]
     return k // values * nbytes
-
-
-def _aligned16(t: torch.Tensor) -> bool:
-    return t.data_ptr() % 16 == 0 and all(s % 16 == 0 for s in t.stride()[:-1])
 
 
 def _packed_copy(w: torch.Tensor, qtype: int, k: int) -> torch.Tensor:
