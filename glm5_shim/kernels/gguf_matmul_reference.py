@@ -123,13 +123,14 @@ def _q5k_as_q4k(qweight: torch.Tensor, k: int) -> torch.Tensor:
 def mma_error_bound(x: torch.Tensor, qweight: torch.Tensor, qtype: int, k: int, unit: float) -> torch.Tensor:
     """Bound on |register-MMA linear - exact| per output [M, N] (kernels/gguf_mma.py's docstring): each weight is
     off by at most u (|s n| + |m| + |w|) (Q4_K, Q5_K: s, m rounded, then w) or 2 u |w| (Q6_K, Q8_0, IQ2_XXS,
-    IQ2_S); float32 sums add K 2**-24 sum |x w|; the output's own rounding u |out| is the caller's (its dtype)."""
+    IQ2_S, IQ3_XXS, IQ3_S); float32 sums add K 2**-24 sum |x w|; the output's own rounding u |out| is the caller's
+    (its dtype)."""
     w = dequantize(qweight, qtype, k).abs()
     if qtype in (Q4_K, Q5_K):  # the same scales; Q5_K codes n + 16 (fifth bit) bound by |w| + |m| + 16 |s|
         s, m, n = q4k_parts(qweight if qtype == Q4_K else _q5k_as_q4k(qweight, k), k)
         n = n + (16 if qtype == Q5_K else 0)
         per_weight = (s.repeat_interleave(32, 1) * n).abs() + m.repeat_interleave(32, 1).abs() + w
-    elif qtype in (Q6_K, Q8_0, IQ2_XXS, IQ2_S):  # w = s q with q exact, s rounded, then w (IQ2: its sign exact)
+    elif qtype in (Q6_K, Q8_0, IQ2_XXS, IQ2_S, IQ3_XXS, IQ3_S):  # w = s q, q exact, s rounded, then w (IQ: sign exact)
         per_weight = 2 * w
     else:
         raise ValueError(f"no register-MMA kernel for GGML type {qtype}")

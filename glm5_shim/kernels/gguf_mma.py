@@ -58,9 +58,12 @@ Q5_K = int(gguf.GGMLQuantizationType.Q5_K)
 Q6_K = int(gguf.GGMLQuantizationType.Q6_K)
 IQ2_XXS = int(gguf.GGMLQuantizationType.IQ2_XXS)
 IQ2_S = int(gguf.GGMLQuantizationType.IQ2_S)
+IQ3_XXS = int(gguf.GGMLQuantizationType.IQ3_XXS)
+IQ3_S = int(gguf.GGMLQuantizationType.IQ3_S)
 MMA_TYPES = MMA_DECODE_TYPES          # what the plans run here (kernel_coverage: GPU-tested and measured faster)
-KERNEL_TYPES = (Q4_K, Q6_K, Q5_K, Q8_0, IQ2_XXS, IQ2_S)   # what the kernel computes
-GRID_TYPES = (IQ2_XXS, IQ2_S)   # the types whose launches take the grid table (gguf_matmul.grid_table)
+KERNEL_TYPES = (Q4_K, Q6_K, Q5_K, Q8_0, IQ2_XXS, IQ2_S, IQ3_XXS, IQ3_S)   # what the kernel computes
+GRID_TYPES = (IQ2_XXS, IQ2_S, IQ3_XXS, IQ3_S)   # the types whose launches take the grid table (gguf_matmul.grid_table)
+IQ_TYPES = GRID_TYPES             # decoded by _iq_weights (a sub-block of 32 values a thread)
 TOKENS = 8                         # the MMA's N: routed rows (MoE) or activation rows (linear) a program multiplies
 COLUMN_BLOCKS = (8, 16, 32)        # what a program's N may be (COLS): a decoded weight is multiplied by that many rows
 SB_VALUES = gl.constexpr(256)      # values of a K-quant super-block
@@ -245,8 +248,7 @@ def layouts(num_warps: int, reps: int, qtype: int = Q4_K, cols: int = TOKENS) ->
         warp_bases=warp_rows, block_bases=[], shape=[bn, 4, 4, 4])
     # which bit of the value v the "nibble" and the slot's bits p4, p5 are (see X_ORDER_*)
     nibble, p4, p5 = {Q6_K: ([0, 64], [0, 16], [0, 32]), Q8_0: ([0, 64], [0, 16], [0, 32]),
-                      IQ2_XXS: ([0, 16], [0, 32], [0, 64]),
-                      IQ2_S: ([0, 16], [0, 32], [0, 64])}.get(qtype, ([0, 32], [0, 16], [0, 64]))
+                      **{t: ([0, 16], [0, 32], [0, 64]) for t in IQ_TYPES}}.get(qtype, ([0, 32], [0, 16], [0, 64]))
     acts = DistributedLinearLayout(
         reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], nibble] + [[8 << j, 0] for j in range(cols.bit_length() - 4)],
         lane_bases=[p4, p5, [1, 0], [2, 0], [4, 0]],
@@ -413,13 +415,14 @@ def _iq2xxs_weights(aux0, aux1, d, grid_ptr, BN: tl.constexpr, L4: tl.constexpr,
     row_lo, half = _word_rows(L4)
     a0 = gl.expand_dims(aux0, 2)
     a1 = gl.expand_dims(aux1, 2)
-    idx_lo = _per_row((a0 >> (8 * row_lo)) & 255, BN)
-    idx_hi = _per_row((a0 >> (8 * row_lo + 16)) & 255, BN)
+    lo0, lo1 = _grid_row_words(grid_ptr, _per_row((a0 >> (8 * row_lo)) & 255, BN))        # [BN, 4, 2] each
+    hi0, hi1 = _grid_row_words(grid_ptr, _per_row((a0 >> (8 * row_lo + 16)) & 255, BN))
     s_lo = _sign_byte(_per_row((a1 >> (7 * row_lo)) & 127, BN))                  # the rows' 8 sign bits
     s_hi = _sign_byte(_per_row((a1 >> (7 * row_lo + 14)) & 127, BN))
     d32 = d.to(gl.float16, bitcast=True).to(gl.float32)
     scale = d32 * (0.5 + ((aux1 >> 28) & 15).to(gl.float32)) * 0.25
-    return _iq_weights(idx_lo, idx_hi, grid_ptr, s_lo, s_hi, scale, scale, BN, L4, BF16, False)
+    return _iq_weights(_per_word(lo0, lo1, BN, L4), _per_word(hi0, hi1, BN, L4), s_lo, s_hi, scale, scale, BN, L4,
+                       BF16, False)
 
 
 @jit
@@ -431,13 +434,57 @@ def _iq2s_weights(qsw, sgw, qh, sc, d, grid_ptr, BN: tl.constexpr, L4: tl.conste
     q3 = gl.expand_dims(qsw, 2)
     g3 = gl.expand_dims(sgw, 2)
     h3 = gl.expand_dims(qh, 2)
-    idx_lo = _per_row(((q3 >> (8 * row_lo)) & 255) | (((h3 >> (2 * row_lo)) & 3) << 8), BN)
-    idx_hi = _per_row(((q3 >> (8 * row_lo + 16)) & 255) | (((h3 >> (2 * row_lo + 4)) & 3) << 8), BN)
+    lo0, lo1 = _grid_row_words(grid_ptr, _per_row(((q3 >> (8 * row_lo)) & 255) | (((h3 >> (2 * row_lo)) & 3) << 8),
+                                                  BN))
+    hi0, hi1 = _grid_row_words(grid_ptr, _per_row(((q3 >> (8 * row_lo + 16)) & 255)
+                                                  | (((h3 >> (2 * row_lo + 4)) & 3) << 8), BN))
     s_lo = _per_row((g3 >> (8 * row_lo)) & 255, BN)
     s_hi = _per_row((g3 >> (8 * row_lo + 16)) & 255, BN)
     d32 = d.to(gl.float16, bitcast=True).to(gl.float32)
-    return _iq_weights(idx_lo, idx_hi, grid_ptr, s_lo, s_hi, d32 * (0.5 + (sc & 15).to(gl.float32)) * 0.25,
+    return _iq_weights(_per_word(lo0, lo1, BN, L4), _per_word(hi0, hi1, BN, L4), s_lo, s_hi,
+                       d32 * (0.5 + (sc & 15).to(gl.float32)) * 0.25,
                        d32 * (0.5 + ((sc >> 4) & 15).to(gl.float32)) * 0.25, BN, L4, BF16, True)
+
+
+@jit
+def _iq3_grid_words(grid_ptr, index):
+    """IQ3's grid rows (4 magnitude bytes: one 32-bit word, one 4-byte gather each) of ``index`` [BN, 4, 4]."""
+    return gl.load(grid_ptr.to(gl.pointer_type(gl.int32)) + index)
+
+
+@jit
+def _iq3xxs_weights(q0, q1, aux, d, grid_ptr, BN: tl.constexpr, L4: tl.constexpr, BF16: tl.constexpr):
+    """IQ3_XXS's 32 weights of sub-block slot of each row: its 8 grid indexes (words q0: rows 0-3, the low half;
+    q1: rows 4-7), a grid row of 4 values each, so word w of a half is row w (high: 4 + w); its sign/scale word aux
+    as IQ2_XXS's (four 7-bit sign indexes of 8 values, with parity; scale d (0.5 + top 4 bits) / 2)."""
+    row_lo, half = _word_rows(L4)
+    w = 2 * row_lo + half
+    lo = _iq3_grid_words(grid_ptr, (gl.expand_dims(q0, 2) >> (8 * w)) & 255)        # [BN, 4, 4] magnitude words
+    hi = _iq3_grid_words(grid_ptr, (gl.expand_dims(q1, 2) >> (8 * w)) & 255)
+    a = gl.expand_dims(aux, 2)
+    s_lo = _sign_byte(_per_row((a >> (7 * row_lo)) & 127, BN))                   # 8 sign bits a group of 8 values
+    s_hi = _sign_byte(_per_row((a >> (7 * row_lo + 14)) & 127, BN))
+    d32 = d.to(gl.float16, bitcast=True).to(gl.float32)
+    scale = d32 * (0.5 + ((aux >> 28) & 15).to(gl.float32)) * 0.5
+    return _iq_weights(lo, hi, s_lo, s_hi, scale, scale, BN, L4, BF16, False)
+
+
+@jit
+def _iq3s_weights(q0, q1, qh, sgw, sc, d, grid_ptr, BN: tl.constexpr, L4: tl.constexpr, BF16: tl.constexpr):
+    """IQ3_S's 32 weights of sub-block slot of each row: grid row r's index is byte r of the words q0 (rows 0-3),
+    q1 (rows 4-7) | bit r of qh above them (512 rows of 4 values: word w of a half is row w, high 4 + w); the sign
+    word sgw is a byte of explicit signs a group of 8 values; scale d (1 + 2 nibble sc)."""
+    row_lo, half = _word_rows(L4)
+    w = 2 * row_lo + half
+    h3 = gl.expand_dims(qh, 2)
+    lo = _iq3_grid_words(grid_ptr, ((gl.expand_dims(q0, 2) >> (8 * w)) & 255) | (((h3 >> w) & 1) << 8))
+    hi = _iq3_grid_words(grid_ptr, ((gl.expand_dims(q1, 2) >> (8 * w)) & 255) | (((h3 >> (4 + w)) & 1) << 8))
+    g3 = gl.expand_dims(sgw, 2)
+    s_lo = _per_row((g3 >> (8 * row_lo)) & 255, BN)
+    s_hi = _per_row((g3 >> (8 * row_lo + 16)) & 255, BN)
+    d32 = d.to(gl.float16, bitcast=True).to(gl.float32)
+    scale = d32 * (1.0 + 2.0 * sc.to(gl.float32))
+    return _iq_weights(lo, hi, s_lo, s_hi, scale, scale, BN, L4, BF16, False)
 
 
 @jit
@@ -454,16 +501,13 @@ def _grid_row_words(grid_ptr, index):
 
 
 @jit
-def _iq_weights(idx_lo, idx_hi, grid_ptr, s_lo, s_hi, scale_lo, scale_hi, BN: tl.constexpr, L4: tl.constexpr,
-                BF16: tl.constexpr, TWO_SCALES: tl.constexpr):
-    """Grid row indexes [BN, 4, 2] of the low and high halves, the rows' 8 sign bits, float32 scales [BN, 4] ->
-    (low, high) weights [BN, 4, 4, 4] in the activation dtype (the scales rounded to it first, then the product).
-    A grid row is 8 magnitude bytes: one 8-byte gather each (two 4-byte gathers before: the IQ decode is bound by
-    its gathers, each of which touches up to 32 cache lines of the table)."""
-    lo0, lo1 = _grid_row_words(grid_ptr, idx_lo)                                 # [BN, 4, 2] each
-    hi0, hi1 = _grid_row_words(grid_ptr, idx_hi)
-    lo = _per_word(lo0, lo1, BN, L4)                                             # [BN, 4, 4] magnitude words
-    hi = _per_word(hi0, hi1, BN, L4)
+def _iq_weights(lo, hi, s_lo, s_hi, scale_lo, scale_hi, BN: tl.constexpr, L4: tl.constexpr, BF16: tl.constexpr,
+                TWO_SCALES: tl.constexpr):
+    """Magnitude words [BN, 4, 4] of the low and high halves (4 grid bytes each), the sign bytes of their groups of
+    8 values [BN, 4, 2], float32 scales [BN, 4] -> (low, high) weights [BN, 4, 4, 4] in the activation dtype (the
+    scales rounded to it first, then the product).  IQ2 grid rows are 8 bytes: one 8-byte gather each
+    (_grid_row_words; two 4-byte gathers before: the IQ decode is bound by its gathers, each of which touches up to
+    32 cache lines of the table)."""
     sw_lo = _per_word(s_lo & 15, s_lo >> 4, BN, L4)                              # sign nibble of each word
     sw_hi = _per_word(s_hi & 15, s_hi >> 4, BN, L4)
     if BF16:
@@ -499,7 +543,7 @@ def _iq_weights(idx_lo, idx_hi, grid_ptr, s_lo, s_hi, scale_lo, scale_hi, BN: tl
                 asm: tl.constexpr = _ASM_IQ2S_FP16
                 cons: tl.constexpr = "=r,=r,=r,=r,r,r,r,r,r,r,r,r"
         else:
-            if BF16:
+            if BF16:   # one scale a sub-block: IQ2_XXS's, IQ3_XXS's, IQ3_S's
                 asm: tl.constexpr = _ASM_IQ2XXS_BF16
                 cons: tl.constexpr = "=r,=r,=r,=r,r,r,r,r,r,r,r,r"
             else:
@@ -516,7 +560,7 @@ def _half_dot(acc, w_lo, w_hi, xt, QTYPE: tl.constexpr, BN: tl.constexpr, ACC: t
     B_DOT: tl.constexpr = gl.DotOperandLayout(operand_index=1, parent=ACC, k_width=2)
     if QTYPE == 14 or QTYPE == 8:
         xb = gl.permute(gl.reshape(xt, [COLS, 2, 2, 2, 2, 2, 2, 2]), X_ORDER_Q6K.value)
-    elif QTYPE == 16 or QTYPE == 22:
+    elif QTYPE == 16 or QTYPE == 22 or QTYPE == 18 or QTYPE == 21:
         xb = gl.permute(gl.reshape(xt, [COLS, 2, 2, 2, 2, 2, 2, 2]), X_ORDER_IQ.value)
     else:
         xb = gl.permute(gl.reshape(xt, [COLS, 2, 2, 2, 2, 2, 2, 2]), X_ORDER_Q4K.value)
@@ -607,6 +651,32 @@ def _load_half(QTYPE: tl.constexpr, rowp, slot, word, act_p, x_ok, sb, HF: tl.co
         sc = gl.load(base + 74 + ib).to(gl.int32)
         d = gl.load((base + slot * 0).to(gl.pointer_type(gl.int16)))
         return qsw, sgw, qh, sc, d, qsw, xt
+    elif QTYPE == 18:
+        # IQ3_XXS (98-byte blocks, 2-byte aligned: 16-bit loads): sub-block ib = 4 HF + slot's 8 grid indexes (one
+        # a grid row of 4 values: words q0 rows 0-3, q1 rows 4-7), its sign/scale word from the 32 after the indexes
+        base = rowp + sb * 98
+        ib = 4 * HF + slot
+        qp = (base + 2 + 8 * ib).to(gl.pointer_type(gl.int16))
+        q0 = (gl.load(qp).to(gl.int32) & 0xFFFF) | (gl.load(qp + 1).to(gl.int32) << 16)
+        q1 = (gl.load(qp + 2).to(gl.int32) & 0xFFFF) | (gl.load(qp + 3).to(gl.int32) << 16)
+        ap = (base + 66 + 4 * ib).to(gl.pointer_type(gl.int16))
+        aux = (gl.load(ap).to(gl.int32) & 0xFFFF) | (gl.load(ap + 1).to(gl.int32) << 16)
+        d = gl.load((base + slot * 0).to(gl.pointer_type(gl.int16)))
+        return q0, q1, aux, d, d, d, xt
+    elif QTYPE == 21:
+        # IQ3_S (110-byte blocks): sub-block ib's 8 index low bytes (words q0, q1), its qh byte (bit r: row r's
+        # ninth index bit), its 4 sign bytes (one a group of 8 values), its scale nibble
+        base = rowp + sb * 110
+        ib = 4 * HF + slot
+        qp = (base + 2 + 8 * ib).to(gl.pointer_type(gl.int16))
+        q0 = (gl.load(qp).to(gl.int32) & 0xFFFF) | (gl.load(qp + 1).to(gl.int32) << 16)
+        q1 = (gl.load(qp + 2).to(gl.int32) & 0xFFFF) | (gl.load(qp + 3).to(gl.int32) << 16)
+        qh = gl.load(base + 66 + ib).to(gl.int32)
+        sp = (base + 74 + 4 * ib).to(gl.pointer_type(gl.int16))
+        sgw = (gl.load(sp).to(gl.int32) & 0xFFFF) | (gl.load(sp + 1).to(gl.int32) << 16)
+        sc = (gl.load(base + 106 + ib // 2).to(gl.int32) >> (4 * (ib % 2))) & 15
+        d = gl.load((base + slot * 0).to(gl.pointer_type(gl.int16)))
+        return q0, q1, qh, sgw, sc, d, xt
     elif QTYPE == 8 and PACKED:
         # Q8_0_PACKED (pack_q8_0): the group's 8 scales, then its 256 codes: each slot's 16 code bytes one aligned
         # 16-byte load; values 64 j + p of the half (j = 0, 1) are code p & 31 of block 4 HF + 2 j + p5
@@ -667,6 +737,10 @@ def _consume_half(acc, QTYPE: tl.constexpr, stage, slot, HF: tl.constexpr, BN: t
         w_lo, w_hi = _iq2xxs_weights(w0, w1, w2, grid_ptr, BN, L4, BF16)
     elif QTYPE == 22:
         w_lo, w_hi = _iq2s_weights(w0, w1, w2, w3, w4, grid_ptr, BN, L4, BF16)
+    elif QTYPE == 18:
+        w_lo, w_hi = _iq3xxs_weights(w0, w1, w2, w3, grid_ptr, BN, L4, BF16)
+    elif QTYPE == 21:
+        w_lo, w_hi = _iq3s_weights(w0, w1, w2, w3, w4, w5, grid_ptr, BN, L4, BF16)
     elif QTYPE == 12 or QTYPE == 13:
         a_lo, b_lo, a_hi, b_hi = _q4k_scales(w1, w2, w3, w4, slot, HF, BF16)
         if QTYPE == 13:  # bit 2c of high-bit byte l is value l's fifth bit in group 2c: to bits 0 (low), 1 (high)
@@ -928,7 +1002,7 @@ def covers(qtype: int, k: int, dtype, types: tuple = MMA_TYPES) -> bool:
 
 
 # bytes: Q4_K/Q5_K rows are read as int32 words, the others int16
-ROW_ALIGN = {Q4_K: 4, Q5_K: 4, Q6_K: 2, Q8_0: 2, IQ2_XXS: 2, IQ2_S: 2}
+ROW_ALIGN = {Q4_K: 4, Q5_K: 4, Q6_K: 2, Q8_0: 2, IQ2_XXS: 2, IQ2_S: 2, IQ3_XXS: 2, IQ3_S: 2}
 
 
 # pack's layouts: each thread's code bytes are one 16-byte load (IQ2: its 8 bytes of a sub-block, one 8-byte load)

@@ -56,7 +56,10 @@ def test_permuted_k_orders_pair_every_code_with_its_activation():
 _LINEAR_CASES = [(n, b) for n in ("Q4_K", "Q5_K", "Q6_K", "Q8_0") for b in ("random", "quantizer")]
 
 
-@pytest.mark.parametrize("name,blocks", _LINEAR_CASES + [("IQ2_XXS", "random"), ("IQ2_S", "random")])  # no quantizer
+_IQ_CASES = [(n, "random") for n in ("IQ2_XXS", "IQ2_S", "IQ3_XXS", "IQ3_S")]   # no IQ quantizer here
+
+
+@pytest.mark.parametrize("name,blocks", _LINEAR_CASES + _IQ_CASES)
 def test_linear_within_bound(name, blocks):
     qtype = getattr(gm, name)
     g = torch.Generator().manual_seed(3 + (blocks == "random") + qtype)
@@ -165,7 +168,8 @@ def test_program_rows_follow_the_rows_a_weight_tile_serves():
 
 @pytest.mark.parametrize("types", [("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q6_K", "Q8_0"), ("Q8_0", "Q4_K"),
                                    ("Q5_K", "Q5_K"), ("Q4_K", "Q2_K"), ("Q3_K", "Q6_K"), ("IQ2_XXS", "IQ2_XXS"),
-                                   ("IQ2_XXS", "Q4_K"), ("IQ2_XXS", "IQ2_S"), ("IQ2_S", "IQ2_S")])
+                                   ("IQ2_XXS", "Q4_K"), ("IQ2_XXS", "IQ2_S"), ("IQ2_S", "IQ2_S"),
+                                   ("IQ3_XXS", "IQ3_S"), ("IQ3_S", "IQ3_XXS")])
 def test_moe_decode(types):
     """Both passes on the register-MMA kernels, or one of them (the other on the tile kernel with its own
     routing layout); one expert hot or routings spread; float64 reference."""

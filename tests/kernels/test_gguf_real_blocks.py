@@ -92,3 +92,31 @@ def test_moe_on_llama_quantize_experts(llama_real):
                                                    t, err)
             checked += 1
     assert checked >= len(_quantized_files(llama_real))
+
+
+def test_register_mma_kernel_on_llama_quantize_iq_blocks(llama_real):
+    """The register-MMA kernel (kernels/gguf_mma.py: the decode path of the IQ types it computes, whether or not the
+    plans send them there yet) on every IQ2/IQ3 tensor llama-quantize wrote: fp16 activations, 5 rows, split over
+    K, within the kernel's float64 bound (gguf_matmul_reference.mma_error_bound: one rounding of the scale, one of
+    the weight; float32 sums) plus the output's own rounding."""
+    from glm5_shim.kernels import gguf_mma
+
+    unit = 2.0 ** -11
+    seen = set()
+    for name, path in _quantized_files(llama_real).items():
+        for t in gguf.GGUFReader(str(path)).tensors:
+            qt = int(t.tensor_type)
+            if len(t.shape) < 2 or qt not in gguf_mma.GRID_TYPES or not gguf_mma.covers(
+                    qt, int(t.shape[0]), torch.float16, gguf_mma.KERNEL_TYPES):
+                continue
+            w = _raw(t)
+            w = (w[0] if w.dim() == 3 else w)[:64].contiguous()
+            k = int(t.shape[0])
+            x = torch.randn(5, k, generator=torch.Generator().manual_seed(len(seen))).half()
+            got = gguf_mma.linear(x, w, qt, w.shape[0], 4, grid_table=gm.grid_table(qt, w.device))
+            exact = x.double() @ ref.dequantize(w, qt, k).T
+            bound = ref.mma_error_bound(x, w, qt, k, unit) + unit * exact.abs()
+            excess = ((got.double() - exact).abs() - bound).max().item()
+            assert excess <= 0, (name, t.name, t.tensor_type.name, excess)
+            seen.add(t.tensor_type.name)
+    assert {"IQ2_XXS", "IQ2_S", "IQ3_XXS", "IQ3_S"} <= seen, sorted(seen)
