@@ -27,7 +27,10 @@ def _mods():
     return gm, ref, mma
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K", "Q8_0", "IQ2_XXS", "IQ2_S"])
+KERNEL_TYPES = ["Q4_K", "Q5_K", "Q6_K", "Q8_0", "IQ2_XXS", "IQ2_S", "IQ3_XXS", "IQ3_S"]   # gguf_mma.KERNEL_TYPES
+
+
+@pytest.mark.parametrize("name", KERNEL_TYPES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_linear_within_bound(name, dtype):
     gm, ref, mma = _mods()
@@ -53,7 +56,8 @@ def test_linear_within_bound(name, dtype):
 
 @pytest.mark.parametrize("types", [("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q6_K", "Q4_K"), ("Q4_K", "Q8_0"),
                                    ("Q5_K", "Q5_K"), ("Q4_K", "Q2_K"), ("Q3_K", "Q6_K"), ("IQ2_XXS", "IQ2_XXS"),
-                                   ("IQ2_XXS", "Q4_K"), ("IQ2_XXS", "IQ2_S")])
+                                   ("IQ2_XXS", "Q4_K"), ("IQ2_XXS", "IQ2_S"), ("IQ3_XXS", "IQ3_S"),
+                                   ("IQ3_S", "IQ3_XXS")])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_moe_decode(types, dtype):
     gm, ref, mma = _mods()
@@ -82,7 +86,7 @@ def test_moe_decode(types, dtype):
         assert not _arrivals().counters(d13.device).any()   # every arrival counter left at zero
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K", "Q8_0", "IQ2_XXS", "IQ2_S"])
+@pytest.mark.parametrize("name", KERNEL_TYPES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_wide_blocks_within_bound(name, dtype):
     """Programs of 16 and 32 activation rows (gguf_mma.COLUMN_BLOCKS: the token bits past 8 in registers, the B
