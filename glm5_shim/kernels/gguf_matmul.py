@@ -182,17 +182,6 @@ def _load_step(wp, i, QTYPE: tl.constexpr, PACKED: tl.constexpr = False, num_sb=
         d = tl.load((gp[:, None] + 2 * b[None, :]).to(tl.pointer_type(tl.int16)))          # [BN, 4]
         q = tl.load(gp[:, None, None] + 16 + 32 * b[None, :, None] + tl.arange(0, 32)[None, None, :])
         return d, q, q, q
-    elif QTYPE == 14 and PACKED:  # Q6_K's gguf_mma.PLANES: the row's code bytes (192 a super-block), scales, d
-        cp = wp + (i // 2) * 192
-        hf = i % 2
-        s = tl.arange(0, 8)[None, :, None]
-        l16 = tl.arange(0, 16)[None, None, :]
-        p3 = cp[:, None, None]
-        ql = tl.load(p3 + 64 * hf + 32 * ((s // 2) % 2) + 16 * (s % 2) + l16)               # [BN, 8, 16]
-        qh = tl.load(p3 + 128 + 32 * hf + 16 * (s % 2) + l16)
-        sc = tl.load(wp[:, None] + num_sb * 192 + (i // 2) * 16 + 8 * hf + tl.arange(0, 8)[None, :])
-        d = tl.load((wp + num_sb * 208 + (i // 2) * 2).to(tl.pointer_type(tl.int16)))
-        return d, ql, qh, sc
     elif QTYPE == 16 and PACKED:  # IQ2_XXS's gguf_mma.PLANES: the row's code bytes (64 a super-block), then its d
         gp = wp[:, None] + (i // 2) * 64 + 32 * (i % 2) + 8 * tl.arange(0, 4)[None, :]       # [BN, 4]
         idx = tl.load(gp[:, :, None] + tl.arange(0, 4)[None, None, :])                      # [BN, 4, 4]
@@ -215,16 +204,24 @@ def _load_step(wp, i, QTYPE: tl.constexpr, PACKED: tl.constexpr = False, num_sb=
         d = tl.load(bp.to(tl.pointer_type(tl.int16)))
         q = tl.load(bp[:, :, None] + 2 + tl.arange(0, 32)[None, None, :])                  # [BN, 4, 32]
         return d, q, q, q
-    elif QTYPE == 14:  # Q6_K: half a 210-byte super-block as 8 groups of 16
-        sbp = wp + (i // 2) * 210
+    elif QTYPE == 14:  # Q6_K: half a super-block as 8 groups of 16: file blocks of 210 bytes (128 low-nibble and 64
+        # high-bit bytes, 16 scales, d), or gguf_mma.PLANES' (a row's code bytes, 192 a super-block, then scales, d)
+        if PACKED:
+            cp = wp + (i // 2) * 192
+            scp = wp + num_sb * 192 + (i // 2) * 16
+            dp = wp + num_sb * 208 + (i // 2) * 2
+        else:
+            cp = wp + (i // 2) * 210
+            scp = cp + 192
+            dp = cp + 208
         hf = i % 2
         s = tl.arange(0, 8)[None, :, None]
         l16 = tl.arange(0, 16)[None, None, :]
-        p3 = sbp[:, None, None]
+        p3 = cp[:, None, None]
         ql = tl.load(p3 + 64 * hf + 32 * ((s // 2) % 2) + 16 * (s % 2) + l16)              # [BN, 8, 16]
         qh = tl.load(p3 + 128 + 32 * hf + 16 * (s % 2) + l16)
-        sc = tl.load(sbp[:, None] + 192 + 8 * hf + tl.arange(0, 8)[None, :])                # [BN, 8]
-        d = tl.load((sbp + 208).to(tl.pointer_type(tl.int16)))                              # [BN]
+        sc = tl.load(scp[:, None] + 8 * hf + tl.arange(0, 8)[None, :])                      # [BN, 8]
+        d = tl.load(dp.to(tl.pointer_type(tl.int16)))                                      # [BN]
         return d, ql, qh, sc
     elif QTYPE == 10:  # Q2_K: half an 84-byte super-block: 32 code bytes (4 x 2 bits), 8 scale bytes, d and dmin
         sbp = wp + (i // 2) * 84

@@ -1,5 +1,5 @@
 """Decode-sized GGUF matmuls with the weights fed to tensor cores straight from registers (Gluon; Q4_K, Q5_K, Q6_K,
-Q8_0, IQ2_XXS).
+Q8_0, IQ2_XXS, IQ2_S, IQ3_XXS, IQ3_S).
 
 Why: the tile kernels of :mod:`gguf_matmul` decode a weight tile in one register layout and ``tl.dot`` wants it in
 another, so every decoded weight went through shared memory and a barrier, and each weight cost ~8 SASS
@@ -580,6 +580,12 @@ def _half_dot(acc, w_lo, w_hi, xt, QTYPE: tl.constexpr, BN: tl.constexpr, ACC: t
 
 
 @jit
+def _word16(p):
+    """The 32-bit words at 16-bit pointers p (rows only 2-byte aligned): two 16-bit loads each."""
+    return (gl.load(p).to(gl.int32) & 0xFFFF) | (gl.load(p + 1).to(gl.int32) << 16)
+
+
+@jit
 def _load_half(QTYPE: tl.constexpr, rowp, slot, word, act_p, x_ok, sb, HF: tl.constexpr, BN: tl.constexpr,
                L4: tl.constexpr, PACKED: tl.constexpr, num_sb):
     """The loads of half HF of super-block sb: (code words or low-nibble words [BN, 4, 4], then Q4_K/Q5_K header
@@ -622,8 +628,8 @@ def _load_half(QTYPE: tl.constexpr, rowp, slot, word, act_p, x_ok, sb, HF: tl.co
         # sub-block 4 HF + slot: 4 grid indices, then signs and scale (2-byte aligned blocks: 16-bit loads)
         base = rowp + sb * 66
         ap = (base + 2 + 8 * (4 * HF + slot)).to(gl.pointer_type(gl.int16))      # [BN, 4]
-        aux0 = (gl.load(ap).to(gl.int32) & 0xFFFF) | (gl.load(ap + 1).to(gl.int32) << 16)
-        aux1 = (gl.load(ap + 2).to(gl.int32) & 0xFFFF) | (gl.load(ap + 3).to(gl.int32) << 16)
+        aux0 = _word16(ap)
+        aux1 = _word16(ap + 2)
         d = gl.load((base + slot * 0).to(gl.pointer_type(gl.int16)))
         return aux0, aux1, d, aux0, aux0, aux0, xt
     elif QTYPE == 22 and PACKED:
@@ -645,38 +651,32 @@ def _load_half(QTYPE: tl.constexpr, rowp, slot, word, act_p, x_ok, sb, HF: tl.co
         ib = 4 * HF + slot
         qp = (base + 2 + 4 * ib).to(gl.pointer_type(gl.int16))
         sp = (base + 34 + 4 * ib).to(gl.pointer_type(gl.int16))
-        qsw = (gl.load(qp).to(gl.int32) & 0xFFFF) | (gl.load(qp + 1).to(gl.int32) << 16)
-        sgw = (gl.load(sp).to(gl.int32) & 0xFFFF) | (gl.load(sp + 1).to(gl.int32) << 16)
+        qsw = _word16(qp)
+        sgw = _word16(sp)
         qh = gl.load(base + 66 + ib).to(gl.int32)
         sc = gl.load(base + 74 + ib).to(gl.int32)
         d = gl.load((base + slot * 0).to(gl.pointer_type(gl.int16)))
         return qsw, sgw, qh, sc, d, qsw, xt
-    elif QTYPE == 18:
-        # IQ3_XXS (98-byte blocks, 2-byte aligned: 16-bit loads): sub-block ib = 4 HF + slot's 8 grid indexes (one
-        # a grid row of 4 values: words q0 rows 0-3, q1 rows 4-7), its sign/scale word from the 32 after the indexes
-        base = rowp + sb * 98
+    elif QTYPE == 18 or QTYPE == 21:
+        # IQ3_XXS (98-byte blocks) and IQ3_S (110), 2-byte aligned (16-bit loads): sub-block ib = 4 HF + slot's 8 grid
+        # indexes (low bytes), one a grid row of 4 values (words q0: rows 0-3, q1: rows 4-7); then IQ3_XXS its
+        # sign/scale word from the 32 bytes after the indexes; IQ3_S its qh byte (bit r: row r's ninth index bit),
+        # its 4 sign bytes (one a group of 8 values), its scale nibble
+        BYTES: tl.constexpr = 98 if QTYPE == 18 else 110
+        base = rowp + sb * BYTES
         ib = 4 * HF + slot
         qp = (base + 2 + 8 * ib).to(gl.pointer_type(gl.int16))
-        q0 = (gl.load(qp).to(gl.int32) & 0xFFFF) | (gl.load(qp + 1).to(gl.int32) << 16)
-        q1 = (gl.load(qp + 2).to(gl.int32) & 0xFFFF) | (gl.load(qp + 3).to(gl.int32) << 16)
-        ap = (base + 66 + 4 * ib).to(gl.pointer_type(gl.int16))
-        aux = (gl.load(ap).to(gl.int32) & 0xFFFF) | (gl.load(ap + 1).to(gl.int32) << 16)
+        q0 = _word16(qp)
+        q1 = _word16(qp + 2)
         d = gl.load((base + slot * 0).to(gl.pointer_type(gl.int16)))
-        return q0, q1, aux, d, d, d, xt
-    elif QTYPE == 21:
-        # IQ3_S (110-byte blocks): sub-block ib's 8 index low bytes (words q0, q1), its qh byte (bit r: row r's
-        # ninth index bit), its 4 sign bytes (one a group of 8 values), its scale nibble
-        base = rowp + sb * 110
-        ib = 4 * HF + slot
-        qp = (base + 2 + 8 * ib).to(gl.pointer_type(gl.int16))
-        q0 = (gl.load(qp).to(gl.int32) & 0xFFFF) | (gl.load(qp + 1).to(gl.int32) << 16)
-        q1 = (gl.load(qp + 2).to(gl.int32) & 0xFFFF) | (gl.load(qp + 3).to(gl.int32) << 16)
-        qh = gl.load(base + 66 + ib).to(gl.int32)
-        sp = (base + 74 + 4 * ib).to(gl.pointer_type(gl.int16))
-        sgw = (gl.load(sp).to(gl.int32) & 0xFFFF) | (gl.load(sp + 1).to(gl.int32) << 16)
-        sc = (gl.load(base + 106 + ib // 2).to(gl.int32) >> (4 * (ib % 2))) & 15
-        d = gl.load((base + slot * 0).to(gl.pointer_type(gl.int16)))
-        return q0, q1, qh, sgw, sc, d, xt
+        if QTYPE == 18:
+            aux = _word16((base + 66 + 4 * ib).to(gl.pointer_type(gl.int16)))
+            return q0, q1, aux, d, d, d, xt
+        else:
+            qh = gl.load(base + 66 + ib).to(gl.int32)
+            sgw = _word16((base + 74 + 4 * ib).to(gl.pointer_type(gl.int16)))
+            sc = (gl.load(base + 106 + ib // 2).to(gl.int32) >> (4 * (ib % 2))) & 15
+            return q0, q1, qh, sgw, sc, d, xt
     elif QTYPE == 8 and PACKED:
         # Q8_0_PACKED (pack_q8_0): the group's 8 scales, then its 256 codes: each slot's 16 code bytes one aligned
         # 16-byte load; values 64 j + p of the half (j = 0, 1) are code p & 31 of block 4 HF + 2 j + p5
@@ -694,8 +694,8 @@ def _load_half(QTYPE: tl.constexpr, rowp, slot, word, act_p, x_ok, sb, HF: tl.co
         base = rowp + sb * 272 + 34 * (4 * HF + slot // 2)                   # the block of j = 0, [BN, 4]
         cp = (gl.expand_dims(base + 2 + 16 * (slot % 2), 2) + gl.expand_dims(gl.expand_dims(4 * word, 0), 1)
               ).to(gl.pointer_type(gl.int16))
-        c0 = (gl.load(cp).to(gl.int32) & 0xFFFF) | (gl.load(cp + 1).to(gl.int32) << 16)
-        c1 = (gl.load(cp + 34).to(gl.int32) & 0xFFFF) | (gl.load(cp + 35).to(gl.int32) << 16)   # 2 blocks on
+        c0 = _word16(cp)
+        c1 = _word16(cp + 34)   # 2 blocks on
         d0 = gl.load(base.to(gl.pointer_type(gl.int16)))
         d1 = gl.load((base + 68).to(gl.pointer_type(gl.int16)))
         return c0, c1, d0, d1, d0, c0, xt
@@ -721,8 +721,8 @@ def _load_half(QTYPE: tl.constexpr, rowp, slot, word, act_p, x_ok, sb, HF: tl.co
               ).to(gl.pointer_type(gl.int16))
         qh = (gl.expand_dims(base + 128 + 32 * HF + 16 * (slot % 2), 2)
               + gl.expand_dims(gl.expand_dims(4 * word, 0), 1)).to(gl.pointer_type(gl.int16))
-        low = (gl.load(ql).to(gl.int32) & 0xFFFF) | (gl.load(ql + 1).to(gl.int32) << 16)
-        high = (gl.load(qh).to(gl.int32) & 0xFFFF) | (gl.load(qh + 1).to(gl.int32) << 16)
+        low = _word16(ql)
+        high = _word16(qh)
         sc_lo = gl.load(base + 192 + 8 * HF + slot)                     # int8 scale of values 16 slot ..
         sc_hi = gl.load(base + 196 + 8 * HF + slot)                     # .. and of 64 + 16 slot ..
         d = gl.load((base + 208 + slot * 0).to(gl.pointer_type(gl.int16)))
