@@ -73,8 +73,9 @@ if [[ " $steps " == *" bench "* ]]; then
   if [[ " ${BENCHES:-sparse_mla indexer} " == *" gguf "* ]]; then
     log "gguf_matmul ${GGUF_ARGS:-}"
     # SIGINT, so the bench writes the rows it has (its finally block) when the time runs out
-    timeout -s INT -k 20 ${GGUF_TIMEOUT:-600} python bench/gguf_matmul.py --out /tmp/bench_gguf ${GGUF_ARGS:-} \
-      > "$OUT/gguf_matmul.log" 2>&1
+    # GGUF_ARGS: a shell line (quotes kept: --decode-sweep-tokens '' passes an empty list)
+    (eval "set -- ${GGUF_ARGS:-}"; timeout -s INT -k 20 ${GGUF_TIMEOUT:-600} python bench/gguf_matmul.py \
+      --out /tmp/bench_gguf "$@" > "$OUT/gguf_matmul.log" 2>&1)
     cp /tmp/bench_gguf/gguf_matmul.md /tmp/bench_gguf/gguf_matmul.json "$OUT/" 2>/dev/null
   fi
 fi

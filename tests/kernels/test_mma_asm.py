@@ -139,6 +139,13 @@ def test_iq2_ptx_gives_every_weight_bit_for_bit(name, fp16):
     s = [_pairs(rng, n, fp16) for _ in range(4)]   # IQ2_XXS reads s[0], s[1] for both halves
     regs = {"$4": words[0], "$5": words[1], "$6": signs[0], "$7": signs[1], "$8": s[0], "$9": s[1], "$10": s[2],
             "$11": s[3]}
+    if mma.IQ_FOLDED[fp16]:   # the scales' -M s follow them (the kernel computes it exactly: M is a power of two)
+        first = 12 if qtype == mma.IQ2_S else 10
+        magic = float(mma.MAGIC_BF16.value if hasattr(mma.MAGIC_BF16, "value") else mma.MAGIC_BF16)
+        for j, pair in enumerate(s if qtype == mma.IQ2_S else s[:2]):
+            halves = [_round_bits(-magic * _value((pair >> np.uint32(sh)) & np.uint32(0xFFFF), fp16), fp16)
+                      for sh in (0, 16)]
+            regs[f"${first + j}"] = halves[0] | (halves[1] << np.uint32(16))
     out = run(mma._decode_asm(qtype, fp16), regs, fp16)
     for reg, word, pair in (("$0", 0, 0), ("$1", 0, 1), ("$2", 1, 0), ("$3", 1, 1)):
         for half in range(2):
