@@ -263,6 +263,24 @@ def bench_moe(tp: int, type_names, tokens, bw, peak, gen, vg, bf16_moe, rows):
                                                                               align=ALIGN, packed13=True, packed2=True)
                                                  for i, w in zip(ids, wts)])
                 row["mma_packed_pct_floor"] = 100 * floor / row["mma_packed_us"]
+                # past the common decode threshold, the packed weights in each regime: what MMA_MOE_MAX_ROWS_PER_EXPERT
+                # (measured on the file's layout) would move to once packing is the default
+                rows_per_expert = t * TOP_K / EXPERTS
+                packed_arms = {}
+                if gm.MOE_DECODE_MAX_ROWS_PER_EXPERT < rows_per_expert <= 64:
+                    forced = {**gm.moe_plan(t, TOP_K, EXPERTS, decode=True), "mma": True, "direct": False}
+                    packed_arms.update(mma_packed_c16={**forced, "mma_cols": 16},
+                                       mma_packed_c32={**forced, "mma_cols": 32},
+                                       packed_prefill_tiles={**gm.moe_plan(t, TOP_K, EXPERTS), "mma": False})
+                if rows_per_expert >= 8:
+                    packed_arms["packed_dequant"] = dequant_plan(t, DEQUANT_TUNINGS[0])
+                for arm, aplan in packed_arms.items():
+                    mine = gm.gguf_moe(x, packed13, packed2, wts[0], ids[0], qt, qt, align=ALIGN, plan=aplan,
+                                       packed13=True, packed2=True)
+                    row[f"{arm}_rel_vs_shim"] = ((mine.float() - ours.float()).norm() / ours.float().norm()).item()
+                    row[f"{arm}_us"] = graph_us([lambda i=i, w=w, p=aplan: gm.gguf_moe(
+                        x, packed13, packed2, w, i, qt, qt, align=ALIGN, plan=p, packed13=True, packed2=True)
+                        for i, w in zip(ids, wts)])
             for arm, aplan in arms.items():   # each arm a whole plan
                 mine = gm.gguf_moe(x, w13, w2, wts[0], ids[0], qt, qt, align=ALIGN, plan=aplan)
                 row[f"{arm}_rel_vs_shim"] = ((mine.float() - ours.float()).norm() / ours.float().norm()).item()
