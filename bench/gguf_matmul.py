@@ -372,6 +372,14 @@ def bench_dense(type_names, tokens, bw, peak, gen, vg, rows, tile_rows=False):
                     row["mma_packed_us"] = graph_us([lambda w=w: gm.gguf_linear(x, w, qt, packed=True)
                                                      for w in packed] * 2)
                     row["mma_packed_pct_floor"] = 100 * row["floor_us"] / row["mma_packed_us"]
+                    if not on_mma and t <= DENSE_MMA_MAX_ROWS:   # the register-MMA kernel on the packed weight anyway:
+                        # where it beats the plan's tile kernel is what would move MMA_LINEAR_MAX_ROWS for packed types
+                        forced = gguf_mma.linear(x, packed[0], qt, n, sms, grid_table=grid, packed=True)
+                        row["mma_packed_forced_rel_vs_shim"] = (
+                            (forced.float() - ours.float()).norm() / ours.float().norm()).item()
+                        row["mma_packed_forced_us"] = graph_us([
+                            lambda w=w: gguf_mma.linear(x, w, qt, n, sms, grid_table=grid, packed=True)
+                            for w in packed] * 2)
                     packed = None
                 if tile_rows and 16 < t <= 64:
                     for arm, tuning in TILE_ROW_ARMS.items():
