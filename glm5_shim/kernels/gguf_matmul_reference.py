@@ -120,9 +120,24 @@ def _q5k_as_q4k(qweight: torch.Tensor, k: int) -> torch.Tensor:
     return torch.cat([sb[..., :16], sb[..., 48:]], dim=-1).reshape(qweight.shape[0], -1)
 
 
+def q2k_parts(qweight: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A Q2_K weight [rows, row bytes] as (s, m, n): scales s = d sc and mins m = dmin mn per group of 16
+    ([rows, k / 16], float64) and 2-bit codes n ([rows, k], int), so that w = s n - m (held to the ``gguf`` package
+    by the tests).  Block: 16 scale bytes (scale low nibble, min high), 64 code bytes, d, dmin; value
+    128 h + 32 j + l is bits 2j, 2j + 1 of code byte 32 h + l, in group 8 h + 2 j + l // 16."""
+    raw = qweight[:, : k // 256 * 84].cpu().numpy().reshape(qweight.shape[0], k // 256, 84).astype(np.int64)
+    d = raw[..., 80:82].astype(np.uint8).copy().view(np.float16)[..., 0].astype(np.float64)
+    dmin = raw[..., 82:84].astype(np.uint8).copy().view(np.float16)[..., 0].astype(np.float64)
+    qs = raw[..., 16:80].reshape(*raw.shape[:2], 2, 1, 32)                   # half h, byte l
+    n = (qs >> (2 * np.arange(4).reshape(1, 1, 1, 4, 1))) & 3                 # [rows, blocks, h, j, l]
+    s = (d[..., None] * (raw[..., :16] & 15)).reshape(raw.shape[0], -1)
+    m = (dmin[..., None] * (raw[..., :16] >> 4)).reshape(raw.shape[0], -1)
+    return torch.from_numpy(s), torch.from_numpy(m), torch.from_numpy(n.reshape(raw.shape[0], k))
+
+
 def mma_error_bound(x: torch.Tensor, qweight: torch.Tensor, qtype: int, k: int, unit: float) -> torch.Tensor:
     """Bound on |register-MMA linear - exact| per output [M, N] (kernels/gguf_mma.py's docstring): each weight is
-    off by at most u (|s n| + |m| + |w|) (Q4_K, Q5_K: s, m rounded, then w) or 2 u |w| (Q6_K, Q8_0, IQ2_XXS,
+    off by at most u (|s n| + |m| + |w|) (Q4_K, Q5_K, Q2_K: s, m rounded, then w) or 2 u |w| (Q6_K, Q8_0, IQ2_XXS,
     IQ2_S, IQ3_XXS, IQ3_S); float32 sums add K 2**-24 sum |x w|; the output's own rounding u |out| is the caller's
     (its dtype)."""
     w = dequantize(qweight, qtype, k).abs()
@@ -130,6 +145,9 @@ def mma_error_bound(x: torch.Tensor, qweight: torch.Tensor, qtype: int, k: int, 
         s, m, n = q4k_parts(qweight if qtype == Q4_K else _q5k_as_q4k(qweight, k), k)
         n = n + (16 if qtype == Q5_K else 0)
         per_weight = (s.repeat_interleave(32, 1) * n).abs() + m.repeat_interleave(32, 1).abs() + w
+    elif qtype == Q2_K:  # the same with a scale and min a group of 16
+        s, m, n = q2k_parts(qweight, k)
+        per_weight = (s.repeat_interleave(16, 1) * n).abs() + m.repeat_interleave(16, 1).abs() + w
     elif qtype in (Q6_K, Q8_0, IQ2_XXS, IQ2_S, IQ3_XXS, IQ3_S):  # w = s q, q exact, s rounded, then w (IQ: sign exact)
         per_weight = 2 * w
     else:

@@ -1,5 +1,5 @@
 """Decode-sized GGUF matmuls with the weights fed to tensor cores straight from registers (Gluon; Q4_K, Q5_K, Q6_K,
-Q8_0, IQ2_XXS, IQ2_S, IQ3_XXS, IQ3_S).
+Q8_0, IQ2_XXS, IQ2_S, IQ3_XXS, IQ3_S, Q2_K).
 
 Why: the tile kernels of :mod:`gguf_matmul` decode a weight tile in one register layout and ``tl.dot`` wants it in
 another, so every decoded weight went through shared memory and a barrier, and each weight cost ~8 SASS
@@ -18,11 +18,13 @@ instructions: decode ran at 12-30 % of the memory floor (bench/RESULTS.md).  Her
 
 Byte p's low nibble is value p of the half in Q6_K (its high nibble value 64 + p; the top 2 bits from bits 2 (p >> 5)
 and 4 + 2 (p >> 5) of high-bit byte p & 31), and value 32 (2 chunk) + (p & 31) in Q4_K (high nibble: the next group
-of 32; chunk = p >> 5).  Codes become exact small integers by bit operations (prmt, shift, lop3: the code in the low
+of 32; chunk = p >> 5).  Q2_K keeps Q4_K's order: slot s's 16 bytes are code bytes 16 (s % 2) .. of the half, shifted
+right by 4 (s // 2), their bits 0-1 ("low nibble") and 2-3 ("high") values 64 (s // 2) + l and 32 more, with a scale
+and min a group of 16 (the bytes' two groups a code pair).  Codes become exact small integers by bit operations (prmt, shift, lop3: the code in the low
 mantissa bits of 128.0 (bf16) or 1024.0 (fp16), then that offset subtracted exactly), and the weight is one packed
-16-bit FMA a pair: Q4_K w = s n - m per group of 32 (s = d sc, m = dmin mn), Q6_K w = s (q - 32) per group of 16
+16-bit FMA a pair: Q4_K w = s n - m per group of 32 (s = d sc, m = dmin mn; Q2_K of 16), Q6_K w = s (q - 32) per group of 16
 (s = d sc).  s and m are rounded to the activation dtype, then w.  Error of a weight against the GGUF value, u the
-dtype's unit roundoff (bf16 2**-8, fp16 2**-11): |dw| <= u (|s n| + |m| + |w|) (Q6_K: 2 u |w|), + O(u**2) — the
+dtype's unit roundoff (bf16 2**-8, fp16 2**-11): |dw| <= u (|s n| + |m| + |w|) (Q6_K and the IQ types: 2 u |w|), + O(u**2) — the
 bound the tests hold the kernels to (gguf_matmul_reference.mma_error_bound).  Activations are not quantized; sums
 are float32.
 
@@ -60,8 +62,9 @@ IQ2_XXS = int(gguf.GGMLQuantizationType.IQ2_XXS)
 IQ2_S = int(gguf.GGMLQuantizationType.IQ2_S)
 IQ3_XXS = int(gguf.GGMLQuantizationType.IQ3_XXS)
 IQ3_S = int(gguf.GGMLQuantizationType.IQ3_S)
+Q2_K = int(gguf.GGMLQuantizationType.Q2_K)
 MMA_TYPES = MMA_DECODE_TYPES          # what the plans run here (kernel_coverage: GPU-tested and measured faster)
-KERNEL_TYPES = (Q4_K, Q6_K, Q5_K, Q8_0, IQ2_XXS, IQ2_S, IQ3_XXS, IQ3_S)   # what the kernel computes
+KERNEL_TYPES = (Q4_K, Q6_K, Q5_K, Q8_0, IQ2_XXS, IQ2_S, IQ3_XXS, IQ3_S, Q2_K)   # what the kernel computes
 GRID_TYPES = (IQ2_XXS, IQ2_S, IQ3_XXS, IQ3_S)   # the types whose launches take the grid table (gguf_matmul.grid_table)
 IQ_TYPES = GRID_TYPES             # decoded by _iq_weights (a sub-block of 32 values a thread)
 TOKENS = 8                         # the MMA's N: routed rows (MoE) or activation rows (linear) a program multiplies
@@ -72,7 +75,8 @@ SB_VALUES = gl.constexpr(256)      # values of a K-quant super-block
 # 128 bytes of low nibbles, 64 of high bits, 16 int8 scales, d; Q8_0 272 B: 8 blocks of (d, 32 int8 codes);
 # IQ2_XXS 66 B: d, then per 32 values 4 grid indices (bytes) and a word of 4 x 7 sign bits and a 4-bit scale;
 # IQ2_S 82 B: d, 32 bytes of the grid indices' low 8 bits, 32 sign bytes, 8 bytes of their high 2 bits, 8 scale
-# bytes (a nibble per 16 values)
+# bytes (a nibble per 16 values); Q2_K 84 B: 16 scale bytes (scale and min nibbles a group of 16), 64 code bytes
+# (value 128 h + 32 j + l: bits 2j, 2j + 1 of byte 32 h + l), d, dmin
 
 # Dimension orders of the two permutations (see the module docstring).  A: codes [rows, 4, 4, 4] viewed as bits
 # (row, p5, p4, p3, p2, p1, p0) of the byte p, reordered so that dimension j + 1 is bit 5 - j of the dot's k:
@@ -99,6 +103,7 @@ _MAGIC = {False: 0x4300, True: 0x6400}              # bf16 128.0, fp16 1024.0
 MAGIC_BF16 = gl.constexpr(128.0)                     # _MAGIC[False]'s value
 _ONE = {False: 0x3F80, True: 0x3C00}
 _NEG = {(False, Q4_K): 0xC300, (True, Q4_K): 0xE400,    # -128, -1024
+        (False, Q2_K): 0xC300, (True, Q2_K): 0xE400,
         (False, Q5_K): 0xC300, (True, Q5_K): 0xE400,
         (False, Q6_K): 0xC320, (True, Q6_K): 0xE420,    # -160, -1056
         (False, Q8_0): 0xBF80, (True, Q8_0): 0xE480,    # -1 (bf16: x - y, see _decode_asm), -1152
@@ -124,10 +129,11 @@ def _decode_asm(qtype: int, fp16: bool) -> str:
         return _iq_asm(fma, magic, one, neg, two_scales=qtype == IQ2_S, folded=IQ_FOLDED[fp16])
     lines = [".reg .b32 t0, t1, u0, u1, u2, u3, one, neg;", f"mov.b32 one, {one};", f"mov.b32 neg, {neg};",
              "prmt.b32 t0, $4, 0, 0x4140;", "prmt.b32 t1, $4, 0, 0x4342;"]
-    if qtype == Q4_K:
-        lines += [f"lop3.b32 u0, t0, 0x000F000F, {magic}, 0xEA;", f"lop3.b32 u1, t1, 0x000F000F, {magic}, 0xEA;",
-                  "shr.u32 t0, t0, 4;", "shr.u32 t1, t1, 4;",
-                  f"lop3.b32 u2, t0, 0x000F000F, {magic}, 0xEA;", f"lop3.b32 u3, t1, 0x000F000F, {magic}, 0xEA;"]
+    if qtype in (Q4_K, Q2_K):   # Q2_K: the byte's two 2-bit codes (bits 0-1 and 2-3, pre-shifted by the caller)
+        mask, shift = ("0x000F000F", 4) if qtype == Q4_K else ("0x00030003", 2)
+        lines += [f"lop3.b32 u0, t0, {mask}, {magic}, 0xEA;", f"lop3.b32 u1, t1, {mask}, {magic}, 0xEA;",
+                  f"shr.u32 t0, t0, {shift};", f"shr.u32 t1, t1, {shift};",
+                  f"lop3.b32 u2, t0, {mask}, {magic}, 0xEA;", f"lop3.b32 u3, t1, {mask}, {magic}, 0xEA;"]
         scale = [("$5", "$7"), ("$6", "$8"), ("$9", "$11"), ("$10", "$12")]
     elif qtype == Q5_K:
         lines += [".reg .b32 g0, g1, a0, a1;", "prmt.b32 g0, $5, 0, 0x4140;", "prmt.b32 g1, $5, 0, 0x4342;",
@@ -221,6 +227,8 @@ _ASM_IQ2XXS_BF16 = gl.constexpr(_decode_asm(IQ2_XXS, False))
 _ASM_IQ2XXS_FP16 = gl.constexpr(_decode_asm(IQ2_XXS, True))
 _ASM_IQ2S_BF16 = gl.constexpr(_decode_asm(IQ2_S, False))
 _ASM_IQ2S_FP16 = gl.constexpr(_decode_asm(IQ2_S, True))
+_ASM_Q2K_BF16 = gl.constexpr(_decode_asm(Q2_K, False))
+_ASM_Q2K_FP16 = gl.constexpr(_decode_asm(Q2_K, True))
 
 
 @constexpr_function  # called while the kernel compiles (a plain function there would be refused), or on the host
@@ -313,13 +321,34 @@ def _q4k_scales(h0, h1, h2, h3, slot, HF: tl.constexpr, BF16: tl.constexpr):
 
 
 @jit
+def _q2k_scales(sw, dd, slot, BF16: tl.constexpr):
+    """(s, -m) of the low and high code pair of each [BN, 4] slot of a Q2_K half: the slot's bytes hold values
+    32 c + (p & 31) (c = 2 (slot // 2) low, c + 1 high) in groups of 16, 2 c + slot % 2 and two groups on, whose
+    scale bytes are bytes slot % 2 and slot % 2 + 2 of the scale word sw (scale low nibble, min high nibble);
+    dd: the d, dmin word.  s = d sc and m = dmin mn exact in float32, then rounded to the activation dtype."""
+    lo = (sw >> (8 * (slot % 2))) & 255
+    hi = (sw >> (8 * (slot % 2) + 16)) & 255
+    d = (dd & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
+    dmin = ((dd >> 16) & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
+    if BF16:
+        dt: tl.constexpr = gl.bfloat16
+    else:
+        dt: tl.constexpr = gl.float16
+    return ((d * (lo & 15).to(gl.float32)).to(dt), (-(dmin * (lo >> 4).to(gl.float32))).to(dt),
+            (d * (hi & 15).to(gl.float32)).to(dt), (-(dmin * (hi >> 4).to(gl.float32))).to(dt))
+
+
+@jit
 def _weights(QTYPE: tl.constexpr, codes, high, a_lo, b_lo, a_hi, b_hi, BF16: tl.constexpr):
     """Code bytes [BN, 4, 4, 4] (Q5_K, Q6_K: with their high-bit bytes shifted into place, ``high``) -> (low-nibble
     weights, high-nibble weights) in the activation dtype.  Q4_K, Q5_K: w = s n - m with (a, b) = (s, -m) of the
     byte's group; Q6_K: w = s (q - 32) with a = s (b unused)."""
     if INTERPRET_K:  # the same numbers without PTX (exact in float32 but in rare cases of the s n - m subtraction)
         c = codes.to(gl.int32)
-        if QTYPE == 12 or QTYPE == 13:
+        if QTYPE == 10:
+            w_lo = (c & 3).to(gl.float32) * _broadcast_like(a_lo, c) + _broadcast_like(b_lo, c)
+            w_hi = ((c >> 2) & 3).to(gl.float32) * _broadcast_like(a_hi, c) + _broadcast_like(b_hi, c)
+        elif QTYPE == 12 or QTYPE == 13:
             n_lo = c & 15
             n_hi = c >> 4
             if QTYPE == 13:
@@ -339,11 +368,16 @@ def _weights(QTYPE: tl.constexpr, codes, high, a_lo, b_lo, a_hi, b_hi, BF16: tl.
             w_hi = q_hi.to(gl.float32) * _broadcast_like(a_hi, c)
         return w_lo.to(a_lo.dtype), w_hi.to(a_lo.dtype)
     else:
-        if QTYPE == 12:
+        if QTYPE == 12 or QTYPE == 10:
             args = [codes, _broadcast_like(a_lo, codes), _broadcast_like(b_lo, codes),
                     _broadcast_like(a_hi, codes), _broadcast_like(b_hi, codes)]
             cons: tl.constexpr = "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r"
-            if BF16:
+            if QTYPE == 10:
+                if BF16:
+                    asm: tl.constexpr = _ASM_Q2K_BF16
+                else:
+                    asm: tl.constexpr = _ASM_Q2K_FP16
+            elif BF16:
                 asm: tl.constexpr = _ASM_Q4K_BF16
             else:
                 asm: tl.constexpr = _ASM_Q4K_FP16
@@ -616,6 +650,18 @@ def _load_half(QTYPE: tl.constexpr, rowp, slot, word, act_p, x_ok, sb, HF: tl.co
         h2 = gl.convert_layout(h2, LSLOT, assert_trivial=True)
         h3 = gl.convert_layout(h3, LSLOT, assert_trivial=True)
         return codes, h0, h1, h2, h3, high, xt
+    elif QTYPE == 10:
+        # Q2_K (84-byte blocks, 4-byte aligned: 16 scale bytes, 64 code bytes, d, dmin): half HF's 32 code bytes
+        # hold values 32 c + l in bits 2c, 2c + 1 of byte l; the slot's byte p is byte p & 31, shifted right by 4
+        # for slots 2-3 (codes c = 2, 3) so that the decode takes bits 0-1 (low) and 2-3 (high) of every byte
+        base = (rowp + sb * 84).to(gl.pointer_type(gl.int32))
+        head = base + slot * 0                                          # [BN, 4]
+        words = gl.expand_dims(gl.expand_dims(word, 0), 1)
+        codes = gl.load(gl.expand_dims(head + 4 + 8 * HF + 4 * (slot % 2), 2) + words)
+        codes = codes >> gl.expand_dims(4 * (slot // 2), 2)
+        sw = gl.load(head + 2 * HF + slot // 2)                         # scale bytes 8 HF + 4 (slot // 2) ..
+        dd = gl.load(head + 20)
+        return codes, sw, dd, codes, codes, codes, xt
     elif QTYPE == 16 and PACKED:
         # IQ2_XXS's PLANES: the row's 64-byte code blocks first, sub-block 4 HF + slot's 8 bytes one aligned load
         # (its two words: the grid indices, the signs and scale); then the rows' d
@@ -741,6 +787,9 @@ def _consume_half(acc, QTYPE: tl.constexpr, stage, slot, HF: tl.constexpr, BN: t
         w_lo, w_hi = _iq3xxs_weights(w0, w1, w2, w3, grid_ptr, BN, L4, BF16)
     elif QTYPE == 21:
         w_lo, w_hi = _iq3s_weights(w0, w1, w2, w3, w4, w5, grid_ptr, BN, L4, BF16)
+    elif QTYPE == 10:
+        a_lo, b_lo, a_hi, b_hi = _q2k_scales(w1, w2, slot, BF16)
+        w_lo, w_hi = _weights(QTYPE, _bytes(w0, L4), w0, a_lo, b_lo, a_hi, b_hi, BF16)
     elif QTYPE == 12 or QTYPE == 13:
         a_lo, b_lo, a_hi, b_hi = _q4k_scales(w1, w2, w3, w4, slot, HF, BF16)
         if QTYPE == 13:  # bit 2c of high-bit byte l is value l's fifth bit in group 2c: to bits 0 (low), 1 (high)
@@ -1002,7 +1051,7 @@ def covers(qtype: int, k: int, dtype, types: tuple = MMA_TYPES) -> bool:
 
 
 # bytes: Q4_K/Q5_K rows are read as int32 words, the others int16
-ROW_ALIGN = {Q4_K: 4, Q5_K: 4, Q6_K: 2, Q8_0: 2, IQ2_XXS: 2, IQ2_S: 2, IQ3_XXS: 2, IQ3_S: 2}
+ROW_ALIGN = {Q4_K: 4, Q5_K: 4, Q2_K: 4, Q6_K: 2, Q8_0: 2, IQ2_XXS: 2, IQ2_S: 2, IQ3_XXS: 2, IQ3_S: 2}
 
 
 # pack's layouts: each thread's code bytes are one 16-byte load (IQ2: its 8 bytes of a sub-block, one 8-byte load)

@@ -37,6 +37,15 @@ def test_q4k_parts_are_the_gguf_dequantization():
     assert torch.equal(rebuilt, ref.dequantize(w, mma.Q4_K, 512))
 
 
+def test_q2k_parts_are_the_gguf_dequantization():
+    g = torch.Generator().manual_seed(12)
+    w = ref.random_blocks(mma.Q2_K, 6, 512, g)
+    s, m, n = ref.q2k_parts(w, 512)
+    assert int(n.max()) == 3 and int(n.min()) == 0
+    rebuilt = s.repeat_interleave(16, 1) * n - m.repeat_interleave(16, 1)
+    assert torch.equal(rebuilt, ref.dequantize(w, mma.Q2_K, 512))
+
+
 def test_permuted_k_orders_pair_every_code_with_its_activation():
     """k -> (code byte p, nibble) through A_ORDER and k -> activation v through X_ORDER meet where byte p's nibble
     holds value v: Q4_K v = 64 p5 + 32 nibble + (p & 31) (groups of 32: chunk p >> 5 holds groups 2c, 2c + 1),
@@ -53,7 +62,7 @@ def test_permuted_k_orders_pair_every_code_with_its_activation():
             assert (v_of_k[:, nib] == value(nib)).all(), order
 
 
-_LINEAR_CASES = [(n, b) for n in ("Q4_K", "Q5_K", "Q6_K", "Q8_0") for b in ("random", "quantizer")]
+_LINEAR_CASES = [(n, b) for n in ("Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q2_K") for b in ("random", "quantizer")]
 
 
 _IQ_CASES = [(n, "random") for n in ("IQ2_XXS", "IQ2_S", "IQ3_XXS", "IQ3_S")]   # no IQ quantizer here
@@ -120,7 +129,7 @@ def test_iq_linears_stay_on_the_register_mma_kernel_to_their_row_limit(monkeypat
             assert ((got.double() - want).norm() / want.norm()).item() <= 2e-3, (name, m)
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "IQ2_XXS"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "IQ2_XXS", "Q2_K"])
 def test_wide_blocks_within_bound(name):
     """Programs of 16 and 32 activation rows (COLUMN_BLOCKS): a dense linear with blocks partly filled, and a MoE
     in 16/32-row sorted blocks (an expert group hot with 40 rows: a full and a partly filled 32-row block), within
@@ -167,7 +176,7 @@ def test_program_rows_follow_the_rows_a_weight_tile_serves():
 
 
 @pytest.mark.parametrize("types", [("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q6_K", "Q8_0"), ("Q8_0", "Q4_K"),
-                                   ("Q5_K", "Q5_K"), ("Q4_K", "Q2_K"), ("Q3_K", "Q6_K"), ("IQ2_XXS", "IQ2_XXS"),
+                                   ("Q5_K", "Q5_K"), ("Q4_K", "Q2_K"), ("Q2_K", "Q2_K"), ("Q3_K", "Q6_K"), ("IQ2_XXS", "IQ2_XXS"),
                                    ("IQ2_XXS", "Q4_K"), ("IQ2_XXS", "IQ2_S"), ("IQ2_S", "IQ2_S"),
                                    ("IQ3_XXS", "IQ3_S"), ("IQ3_S", "IQ3_XXS")])
 def test_moe_decode(types):

@@ -75,7 +75,7 @@ def _pairs(rng, n, fp16, **kw):
 
 
 @pytest.mark.parametrize("fp16", [False, True], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K", "Q8_0"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q2_K"])
 def test_decode_ptx_gives_every_weight_bit_for_bit(name, fp16):
     qtype = getattr(mma, name)
     rng = np.random.default_rng(qtype + 2 * fp16)
@@ -87,7 +87,7 @@ def test_decode_ptx_gives_every_weight_bit_for_bit(name, fp16):
     high = rng.integers(0, 2 ** 32, size=n, dtype=np.uint64).astype(np.uint32)
     s = [_pairs(rng, n, fp16) for _ in range(4)]           # scale registers: lo pair 0/1, hi pair 0/1
     neg_m = [_pairs(rng, n, fp16, lo=1e-3, hi=1e-1, signed=True) for _ in range(4)]
-    if qtype == mma.Q4_K:
+    if qtype in (mma.Q4_K, mma.Q2_K):
         regs = {"$4": codes, "$5": s[0], "$6": s[1], "$7": neg_m[0], "$8": neg_m[1], "$9": s[2], "$10": s[3],
                 "$11": neg_m[2], "$12": neg_m[3]}
     elif qtype == mma.Q5_K:
@@ -103,6 +103,8 @@ def test_decode_ptx_gives_every_weight_bit_for_bit(name, fp16):
             b = bytes_[k]
             hb = (high >> np.uint32(8 * k)) & np.uint32(0xFF)
             code = (b >> np.uint32(4)) if nibble else (b & np.uint32(15))
+            if qtype == mma.Q2_K:   # the two 2-bit codes of bits 0-1 ("low") and 2-3 ("high"); bits 4-7 ignored
+                code = (b >> np.uint32(2 * nibble)) & np.uint32(3)
             sc = _value((s[2 * nibble + pair] >> sh) & np.uint32(0xFFFF), fp16)
             if qtype == mma.Q8_0:   # int8 codes: output 0/1 from $4's bytes, 2/3 from $5's
                 src = b if nibble == 0 else hb
