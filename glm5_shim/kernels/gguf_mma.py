@@ -16,17 +16,17 @@ instructions: decode ran at 12-30 % of the memory floor (bench/RESULTS.md).  Her
 * both permutations are reshape + permute of register-resident tensors, and the conversion to the MMA operand
   layouts is asserted trivial at compile time (no data moves; the offline compiles in CI would fail otherwise).
 
-Byte p's low nibble is value p of the half in Q6_K (its high nibble value 64 + p; the top 2 bits from bits 2 (p >> 5)
-and 4 + 2 (p >> 5) of high-bit byte p & 31), and value 32 (2 chunk) + (p & 31) in Q4_K (high nibble: the next group
-of 32; chunk = p >> 5).  Q2_K keeps Q4_K's order: slot s's 16 bytes are code bytes 16 (s % 2) .. of the half, shifted
-right by 4 (s // 2), their bits 0-1 ("low nibble") and 2-3 ("high") values 64 (s // 2) + l and 32 more, with a scale
-and min a group of 16 (the bytes' two groups a code pair).  Codes become exact small integers by bit operations (prmt, shift, lop3: the code in the low
-mantissa bits of 128.0 (bf16) or 1024.0 (fp16), then that offset subtracted exactly), and the weight is one packed
-16-bit FMA a pair: Q4_K w = s n - m per group of 32 (s = d sc, m = dmin mn; Q2_K of 16), Q6_K w = s (q - 32) per group of 16
-(s = d sc).  s and m are rounded to the activation dtype, then w.  Error of a weight against the GGUF value, u the
-dtype's unit roundoff (bf16 2**-8, fp16 2**-11): |dw| <= u (|s n| + |m| + |w|) (Q6_K and the IQ types: 2 u |w|), + O(u**2) — the
-bound the tests hold the kernels to (gguf_matmul_reference.mma_error_bound).  Activations are not quantized; sums
-are float32.
+Byte p's low nibble is value p of the half in Q6_K (its high nibble value 64 + p; the top 2 bits from bits 2 (p >>
+5) and 4 + 2 (p >> 5) of high-bit byte p & 31), and value 32 (2 chunk) + (p & 31) in Q4_K (high nibble: the next
+group of 32; chunk = p >> 5).  Q2_K keeps Q4_K's order: slot s's 16 bytes are code bytes 16 (s % 2) on of the half,
+shifted right by 4 (s // 2), their bits 0-1 ("low nibble") and 2-3 ("high") values 64 (s // 2) + l and 32 more, with
+a scale and min a group of 16 (the bytes' two groups a code pair).  Codes become exact small integers by bit
+operations (prmt, shift, lop3: the code in the low mantissa bits of 128.0 (bf16) or 1024.0 (fp16), then that offset
+subtracted exactly), and the weight is one packed 16-bit FMA a pair: Q4_K w = s n - m per group of 32 (s = d sc, m =
+dmin mn; Q2_K of 16), Q6_K w = s (q - 32) per group of 16 (s = d sc).  s and m are rounded to the activation dtype,
+then w.  Error of a weight against the GGUF value, u the dtype's unit roundoff (bf16 2**-8, fp16 2**-11): |dw| <= u
+(|s n| + |m| + |w|) (Q6_K and the IQ types: 2 u |w|), + O(u**2) — the bound the tests hold the kernels to
+(gguf_matmul_reference.mma_error_bound).  Activations are not quantized; sums are float32.
 
 One kernel serves a dense linear (tokens are rows of x) and a MoE pass (rows grouped by expert with the usual
 (sorted ids, expert of each block of 8, padded count) layout; a w2 pass scales by the routing weight).  K is split

@@ -27,7 +27,8 @@ def _mods():
     return gm, ref, mma
 
 
-KERNEL_TYPES = ["Q4_K", "Q5_K", "Q6_K", "Q8_0", "IQ2_XXS", "IQ2_S", "IQ3_XXS", "IQ3_S", "Q2_K"]   # gguf_mma.KERNEL_TYPES
+# gguf_mma.KERNEL_TYPES
+KERNEL_TYPES = ["Q4_K", "Q5_K", "Q6_K", "Q8_0", "IQ2_XXS", "IQ2_S", "IQ3_XXS", "IQ3_S", "Q2_K"]
 
 
 @pytest.mark.parametrize("name", KERNEL_TYPES)

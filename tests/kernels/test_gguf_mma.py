@@ -176,7 +176,8 @@ def test_program_rows_follow_the_rows_a_weight_tile_serves():
 
 
 @pytest.mark.parametrize("types", [("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q6_K", "Q8_0"), ("Q8_0", "Q4_K"),
-                                   ("Q5_K", "Q5_K"), ("Q4_K", "Q2_K"), ("Q2_K", "Q2_K"), ("Q3_K", "Q6_K"), ("IQ2_XXS", "IQ2_XXS"),
+                                   ("Q5_K", "Q5_K"), ("Q4_K", "Q2_K"), ("Q2_K", "Q2_K"), ("Q3_K", "Q6_K"),
+                                   ("IQ2_XXS", "IQ2_XXS"),
                                    ("IQ2_XXS", "Q4_K"), ("IQ2_XXS", "IQ2_S"), ("IQ2_S", "IQ2_S"),
                                    ("IQ3_XXS", "IQ3_S"), ("IQ3_S", "IQ3_XXS")])
 def test_moe_decode(types):
