@@ -56,7 +56,8 @@ def test_linear_within_bound(name, dtype):
 
 
 @pytest.mark.parametrize("types", [("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q6_K", "Q4_K"), ("Q4_K", "Q8_0"),
-                                   ("Q5_K", "Q5_K"), ("Q4_K", "Q2_K"), ("Q3_K", "Q6_K"), ("IQ2_XXS", "IQ2_XXS"),
+                                   ("Q5_K", "Q5_K"), ("Q4_K", "Q2_K"), ("Q2_K", "Q2_K"), ("Q3_K", "Q6_K"),
+                                   ("IQ2_XXS", "IQ2_XXS"),
                                    ("IQ2_XXS", "Q4_K"), ("IQ2_XXS", "IQ2_S"), ("IQ3_XXS", "IQ3_S"),
                                    ("IQ3_S", "IQ3_XXS")])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
