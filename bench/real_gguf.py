@@ -19,8 +19,6 @@ known vocabulary, which a synthetic vocabulary cannot match, so the pre-type is 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -48,31 +46,11 @@ convert_hf_to_gguf.main()
 """
 
 
-@contextlib.contextmanager
-def file_lock(path: Path):
-    """An exclusive lock on `path` (created if missing) for the block: the cache is shared by concurrent processes
-    (pytest-xdist workers), and a half-extracted sdist or half-built tool must never be seen."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def llama_cpp_tree(cache: Path = CACHE) -> Path:
     """The vendored llama.cpp tree of the pinned llama-cpp-python sdist (downloaded and unpacked once)."""
     root = cache / f"llama-cpp-python-{LLAMA_CPP_PYTHON}"
     tree = root / f"llama_cpp_python-{LLAMA_CPP_PYTHON}" / "vendor" / "llama.cpp"
     if (tree / "convert_hf_to_gguf.py").is_file():
-        return tree
-    with file_lock(cache / f".llama-cpp-python-{LLAMA_CPP_PYTHON}.lock"):
-        return _download_and_extract(root, tree)
-
-
-def _download_and_extract(root: Path, tree: Path) -> Path:
-    if (tree / "convert_hf_to_gguf.py").is_file():  # another process finished while this one waited
         return tree
     root.mkdir(parents=True, exist_ok=True)
     sdist = root / f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"
@@ -100,12 +78,11 @@ def llama_cpp_source(cache: Path = CACHE) -> Path:
     """The whole vendored llama.cpp tree of the pinned sdist (what a C++ build needs; llama_cpp_tree() extracts only
     the converter's files)."""
     tree = llama_cpp_tree(cache)
-    with file_lock(cache / f".llama-cpp-python-{LLAMA_CPP_PYTHON}.lock"):
-        if not (tree / "tools" / "quantize" / "quantize.cpp").is_file():
-            sdist = tree.parents[2] / f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"
-            with tarfile.open(sdist) as tar:
-                members = [m for m in tar.getmembers() if "/vendor/llama.cpp/" in m.name]
-                tar.extractall(tree.parents[2], members=members, filter="data")
+    if not (tree / "tools" / "quantize" / "quantize.cpp").is_file():
+        sdist = tree.parents[2] / f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"
+        with tarfile.open(sdist) as tar:
+            members = [m for m in tar.getmembers() if "/vendor/llama.cpp/" in m.name]
+            tar.extractall(tree.parents[2], members=members, filter="data")
     return tree
 
 
@@ -118,13 +95,6 @@ def llama_tools(cache: Path = CACHE, build: bool = False) -> dict[str, Path] | N
         return tools
     if not build:
         return None
-    with file_lock(cache / f".llama-build-{LLAMA_CPP_PYTHON}.lock"):
-        return _build_tools(cache, out, tools)
-
-
-def _build_tools(cache: Path, out: Path, tools: dict[str, Path]) -> dict[str, Path]:
-    if all(p.is_file() for p in tools.values()):  # another process built them while this one waited
-        return tools
     tree = llama_cpp_source(cache)
     # portable code (the cache may outlive the CPU), no tests or examples, static: the two tools alone are built
     configure = ["cmake", "-S", str(tree), "-B", str(out), "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF",

@@ -1,6 +1,7 @@
-"""bench/e2e.py's float32 reference scoring (needs transformers >= 5.2 for GlmMoeDsaForCausalLM; CI runs this file
-in its transformers-5 step).  The reference scored against its own greedy tokens gives zero difference and full
-top-1 agreement; a served log-probability that is off by 0.5 and a token that is not the reference's top-1 show."""
+"""bench/e2e.py's float32 reference scoring (needs transformers >= 5.2 for GlmMoeDsaForCausalLM; CI runs this
+file in its main step, on transformers 5).  The reference scored against its own greedy tokens gives zero
+difference and full top-1 agreement; a served log-probability that is off by 0.5 and a token that is not the
+reference's top-1 show."""
 from __future__ import annotations
 
 import pytest
@@ -9,8 +10,8 @@ from tests.helpers import bench_module
 
 transformers = pytest.importorskip("transformers")
 if not hasattr(transformers, "GlmMoeDsaForCausalLM"):
-    pytest.skip(f"transformers {transformers.__version__} has no GlmMoeDsaForCausalLM (runs in CI's transformers-5 "
-                "step)", allow_module_level=True)
+    pytest.skip(f"transformers {transformers.__version__} has no GlmMoeDsaForCausalLM (CI's main step has "
+                "5.x)", allow_module_level=True)
 import torch  # noqa: E402
 
 e2e = bench_module("e2e")

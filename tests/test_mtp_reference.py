@@ -1,8 +1,8 @@
 """The float32 reference of the trunk's and the MTP layer's logits (glm5_shim.gguf.fixture.reference_model), and
 make-tiny's MTP layer that drafts the peaked model's next token (PEAKED_MTP).
 
-The reference is checked against transformers' own GlmMoeDsa implementation (transformers >= 5.2, CI's
-transformers-5 step; skipped on 4.x): the trunk's logits, and the MTP layer's, whose decoder block, final norm and
+The reference is checked against transformers' own GlmMoeDsa implementation (transformers >= 5.2:
+CI's main step; skipped on 4.x): the trunk's logits, and the MTP layer's, whose decoder block, final norm and
 head are a one-layer GlmMoeDsaForCausalLM holding the MTP block's weights (shared_head.norm as its norm, the
 target's lm_head) fed the eh_proj output computed here in torch.  Its wiring around the block is checked against
 vLLM's own DeepSeekMTP layer in tests/test_gguf_mtp_load.py.
@@ -78,7 +78,7 @@ def test_mtp_reference_logits_shapes_and_inputs(peaked):
 transformers = pytest.importorskip("transformers")
 needs_glm_moe_dsa = pytest.mark.skipif(
     not hasattr(transformers, "GlmMoeDsaForCausalLM"),
-    reason=f"transformers {transformers.__version__} has no GlmMoeDsaForCausalLM (runs in CI's transformers-5 step)")
+    reason=f"transformers {transformers.__version__} has no GlmMoeDsaForCausalLM (CI's main step has 5.x)")
 
 
 def _save(directory, config: dict, weights: dict) -> str:
