@@ -19,10 +19,11 @@ SHIM_KERNEL_TYPES = (int(_T.Q4_K), int(_T.Q6_K), int(_T.Q5_K), int(_T.Q8_0), int
 # instructions a weight, so there vLLM wins to T = 32 (IQ2_S's tiles: 107 vs 59 µs at T = 1, 1677 vs 1237 at 32)
 # and the shim from T = 256 (2657 vs 9742); IQ4_XS to T = 8 (326 vs 338), the shim from 32 (903 vs 1227).  IQ4_NL
 # shares IQ4_XS's decode and was not measured apart.  Where vLLM's kernels are trusted with the activations, such
-# calls go to vLLM.  Not IQ3_S: see VLLM_MISDECODED_TYPES.  Not IQ2_XXS and IQ2_S: on the register-MMA kernel (IQ2_XXS
-# since session 7: 28 vs vLLM's 64 µs at T = 1, 330 vs 1390 at 32; IQ2_S since session 8: 31 vs 59, 359 vs 1238).
-VLLM_MOE_DECODE_TOKENS = {int(_T.IQ3_XXS): 32, int(_T.IQ2_XS): 32,
-                          int(_T.IQ1_S): 32, int(_T.IQ1_M): 32, int(_T.IQ4_XS): 8, int(_T.IQ4_NL): 8}
+# calls go to vLLM.  Not IQ3_S: see VLLM_MISDECODED_TYPES.  Not IQ2_XXS, IQ2_S and IQ3_XXS: on the register-MMA
+# kernel (IQ2_XXS since session 7: 28 vs vLLM's 64 µs at T = 1, 330 vs 1390 at 32; IQ2_S since session 8: 31 vs 59,
+# 359 vs 1238; IQ3_XXS since session 22: 27 vs 59, 117 vs 329 at 8, 290 vs 1243 at 32).
+VLLM_MOE_DECODE_TOKENS = {int(_T.IQ2_XS): 32, int(_T.IQ1_S): 32, int(_T.IQ1_M): 32, int(_T.IQ4_XS): 8,
+                          int(_T.IQ4_NL): 8}
 # Types vLLM 0.23's ggml kernels decode wrongly, which the shim never hands them.  IQ3_S: vLLM's grid
 # (csrc/quantization/gguf/ggml-common.h, iq3xs_grid) is llama.cpp's from before March 2024, whose top level reads
 # 15.5 where today's files mean 15 (the gguf package and llama.cpp agree on 15): the largest weights of every
@@ -31,12 +32,17 @@ VLLM_MISDECODED_TYPES = (int(_T.IQ3_S),)
 # Types whose decode-sized MoE passes run on the register-MMA kernels (kernels/gguf_mma.py) by default
 # (GLM5_SHIM_GGUF_DECODE=tile keeps the tile kernels).  Measured on the H200 (bench/RESULTS.md, 2026-12-02 session 6;
 # IQ2_XXS 2026-12-03 session 7, IQ2_S session 8): 1.1-2.5x faster than the tile kernels at TP-8 MoE shapes, T = 1-64
-# (IQ2_XXS 3.7-5x, IQ2_S 3.5-4.6x).
-MMA_DECODE_TYPES = (int(_T.Q4_K), int(_T.Q6_K), int(_T.Q5_K), int(_T.Q8_0), int(_T.IQ2_XXS), int(_T.IQ2_S))
+# (IQ2_XXS 3.7-5x, IQ2_S 3.5-4.6x).  IQ3_XXS, IQ3_S, Q2_K since session 22 (bench/results/2026-12-06-s22-decode.md),
+# µs at T = 1 / 8 / 32 / 64, register-MMA against the tile kernels: IQ3_XXS 27 / 117 / 290 / 372 vs 174 / 966 / 2620 /
+# 3535, IQ3_S 29 / 126 / 307 / 401 vs 164 / 1024 / 2752 / 3725, Q2_K 20 / 75 / 202 / 248 vs 52 / 262 / 625 / 831.
+MMA_DECODE_TYPES = (int(_T.Q4_K), int(_T.Q6_K), int(_T.Q5_K), int(_T.Q8_0), int(_T.IQ2_XXS), int(_T.IQ2_S),
+                    int(_T.IQ3_XXS), int(_T.IQ3_S), int(_T.Q2_K))
 # Of those, the types whose dense linears at 1-8 rows run there too: Q8_0's dense decode was as fast or faster on the
 # tile kernel (q_a+kv_a 24.4 vs 26.3 µs, session 7), the K-quants' 10-40 % and IQ2_XXS's and IQ2_S's 2.3-4x faster
-# on the register-MMA kernels (IQ2_S lm_head 66 vs 255 µs, q_a+kv_a 19 vs 44; session 8).
-MMA_LINEAR_TYPES = (int(_T.Q4_K), int(_T.Q6_K), int(_T.Q5_K), int(_T.IQ2_XXS), int(_T.IQ2_S))
+# on the register-MMA kernels (IQ2_S lm_head 66 vs 255 µs, q_a+kv_a 19 vs 44; session 8); session 22, lm_head at 1 /
+# 32 rows: IQ3_XXS 52 / 96 vs 379 / 397, IQ3_S 62 / 98 vs 402 / 433, Q2_K 33 / 79 vs 87 / 108.
+MMA_LINEAR_TYPES = (int(_T.Q4_K), int(_T.Q6_K), int(_T.Q5_K), int(_T.IQ2_XXS), int(_T.IQ2_S), int(_T.IQ3_XXS),
+                    int(_T.IQ3_S), int(_T.Q2_K))
 # Up to how many rows a dense linear of those types stays on the register-MMA kernel (measured below in 8-row
 # programs, each re-reading the weight from L2 after the first; since session 12 one program takes up to 32 rows,
 # gguf_mma.cols_for); a type not listed stops at 8 rows (gguf_mma.TOKENS).
@@ -48,7 +54,9 @@ MMA_LINEAR_TYPES = (int(_T.Q4_K), int(_T.Q6_K), int(_T.Q5_K), int(_T.IQ2_XXS), i
 #            at 16 rows, so the K-quants keep 8 (Q6_K and Q8_0 slower in most shapes from 16)
 # (the tiles then were one 64-row tile and a sum launch; the 32-row self-summing tiles that 17-32 rows run since
 # were not measured against the IQ types' register-MMA linears)
-MMA_LINEAR_MAX_ROWS = {int(_T.IQ2_XXS): 32, int(_T.IQ2_S): 32}
+# (session 22: IQ3_XXS, IQ3_S and Q2_K at 32 rows faster than the tiles on lm_head, above)
+MMA_LINEAR_MAX_ROWS = {int(_T.IQ2_XXS): 32, int(_T.IQ2_S): 32, int(_T.IQ3_XXS): 32, int(_T.IQ3_S): 32,
+                       int(_T.Q2_K): 32}
 # Up to how many routed rows an expert (T x top_k / experts) a MoE whose two passes both run on the register-MMA
 # kernels stays in the decode regime (moe_align's blocks of 8, 16 or 32 rows, gguf_mma.cols_for, each block reading
 # its expert's weights) instead of the prefill tiles; a type not listed keeps the regimes' common threshold

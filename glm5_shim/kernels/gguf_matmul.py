@@ -666,8 +666,21 @@ def _q45_weights(q, big_s, big_c, F32: tl.constexpr):
 
 
 @triton.jit
+def _tile_dot(a, w, acc, DOT_PRECISION: tl.constexpr, SWAP: tl.constexpr):
+    """acc + a @ w.T (a: [BM, K] activations, w: [BN, K] decoded weights), or with SWAP its transpose
+    acc.T + w @ a.T, the decoded weights as the dot's left operand: on mma.sync targets (sm_80-89, sm_120/121) that
+    spares their transposing layout change (the 64x64 Q4_K prefill tile on sm_120: 3035 -> 1356 SASS instructions
+    a K step; prefill_pass_tuning, linear_tile_tuning)."""
+    if SWAP:
+        acc = tl.dot(w.to(a.dtype), tl.trans(a), acc, input_precision=DOT_PRECISION)
+    else:
+        acc = tl.dot(a, tl.trans(w.to(a.dtype)), acc, input_precision=DOT_PRECISION)
+    return acc
+
+
+@triton.jit
 def _q45_step(acc, xp, m_ok, wp, i, QTYPE: tl.constexpr, BF16: tl.constexpr, F32: tl.constexpr,
-              DOT_PRECISION: tl.constexpr, PROBE: tl.constexpr = 0):
+              DOT_PRECISION: tl.constexpr, PROBE: tl.constexpr = 0, SWAP: tl.constexpr = False):
     """acc += x[:, 128 i : 128 i + 128] @ W[:, 128 i : 128 i + 128].T for Q4_K / Q5_K rows at ``wp`` ([BN]); xp:
     [BM, 32] pointers to each row's first 32 activations.  One dot per group of 32 values (scale s, min m:
     w = s n - m), on the codes as the exact numbers q = 2 + n u (:func:`_nibbles`): w = S q - C with S = s / u and
@@ -689,7 +702,7 @@ def _q45_step(acc, xp, m_ok, wp, i, QTYPE: tl.constexpr, BF16: tl.constexpr, F32
             big_c = _pick(c4, cc, h)
             a = tl.load(xp + 128 * i + 32 * (2 * cc + h), mask=m_ok[:, None], other=0.0)
             wf = _q45_weights(q, big_s, big_c, F32)
-            acc = tl.dot(a, tl.trans(wf.to(a.dtype)), acc, input_precision=DOT_PRECISION)
+            acc = _tile_dot(a, wf, acc, DOT_PRECISION, SWAP)
             if PROBE == 2:  # bench probe: every dot twice
                 acc = tl.dot(a, tl.trans(wf.to(a.dtype)), acc, input_precision=DOT_PRECISION)
     return acc
@@ -719,10 +732,10 @@ def _reset(counter):
 def _linear_kernel(x_ptr, w_ptr, grid_ptr, out_ptr, final_ptr, counter_ptr, M, N, stride_xm, stride_wn, stride_os,
                    stride_om, stride_fm, steps_per_split, num_steps, QTYPE: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, REDUCE: tl.constexpr,
-                   PACKED: tl.constexpr = False):
+                   PACKED: tl.constexpr = False, SWAP: tl.constexpr = False):
     """out[s, m, n] = sum over the K steps of split s of x[m, k] * W[n, k]  (one split: out is x @ W.T).  REDUCE:
     out holds float32 planes, and the last program of each tile to finish (kernels/arrivals.py) writes their sum
-    to final."""
+    to final.  SWAP: the tile computed transposed, weights as the dot's left operand (:func:`_tile_dot`)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -732,22 +745,26 @@ def _linear_kernel(x_ptr, w_ptr, grid_ptr, out_ptr, final_ptr, counter_ptr, M, N
     rows = tl.minimum(offs_n, N - 1).to(tl.int64)  # clamped rows: every weight load is in bounds, unmasked
     wp = w_ptr + rows * stride_wn
     xp = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + tl.arange(0, 128)[None, :]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     first = pid_s * steps_per_split
     last = tl.minimum(first + steps_per_split, num_steps)
     if QTYPE == 12 or QTYPE == 13:  # 16-byte aligned blocks: Triton's pipeliner streams them (num_stages)
         xq = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + tl.arange(0, 32)[None, :]
         for i in range(first, last):
             acc = _q45_step(acc, xq, m_ok, wp, i, QTYPE, x_ptr.dtype.element_ty == tl.bfloat16,
-                            x_ptr.dtype.element_ty == tl.float32, DOT_PRECISION)
+                            x_ptr.dtype.element_ty == tl.float32, DOT_PRECISION, 0, SWAP)
     else:
         raw = _load_step(wp, first, QTYPE, PACKED, num_steps // 2)
         for i in range(first, last):
             nxt = _load_step(wp, tl.minimum(i + 1, last - 1), QTYPE, PACKED, num_steps // 2)  # in flight: i decodes
             a = tl.load(xp + i * 128, mask=m_ok[:, None], other=0.0)
-            w = _decode_step(raw, i, grid_ptr, QTYPE, BLOCK_N).to(a.dtype)
-            acc = tl.dot(a, tl.trans(w), acc, input_precision=DOT_PRECISION)
+            acc = _tile_dot(a, _decode_step(raw, i, grid_ptr, QTYPE, BLOCK_N), acc, DOT_PRECISION, SWAP)
             raw = nxt
+    if SWAP:
+        acc = tl.trans(acc)
     op = out_ptr + pid_s * stride_os + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
     mask = m_ok[:, None] & (offs_n < N)[None, :]
     tl.store(op, acc.to(out_ptr.dtype.element_ty), mask=mask)
@@ -826,7 +843,7 @@ def _moe_kernel(x_ptr, w_ptr, grid_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, ex
                 stride_wn, stride_os, stride_om, stride_fm, QTYPE: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, GATED: tl.constexpr, ROUTE_WEIGHTED: tl.constexpr,
                 DOT_PRECISION: tl.constexpr, REDUCE: tl.constexpr = False, PROBE: tl.constexpr = 0,
-                PACKED: tl.constexpr = False):
+                PACKED: tl.constexpr = False, SWAP: tl.constexpr = False):
     """One (block of BLOCK_M routed rows of one expert) x (BLOCK_N output features) x (K split) tile.
 
     PROBE (bench/gguf_matmul.py --parts probe only; 0 in serving, where it compiles to the same SASS): Q4_K codes
@@ -855,8 +872,12 @@ def _moe_kernel(x_ptr, w_ptr, grid_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, ex
     wp_g = w_exp + rows * stride_wn
     wp_u = w_exp + (rows + N) * stride_wn
     xp = x_ptr + (ids // a_row_div)[:, None] * stride_xm + tl.arange(0, 128)[None, :]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     first = pid_s * steps_per_split
     last = tl.minimum(first + steps_per_split, num_steps)
     if QTYPE == 12 or QTYPE == 13:  # 16-byte aligned blocks: Triton's pipeliner streams them (num_stages)
@@ -864,9 +885,9 @@ def _moe_kernel(x_ptr, w_ptr, grid_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, ex
         F32: tl.constexpr = x_ptr.dtype.element_ty == tl.float32
         xq = x_ptr + (ids // a_row_div)[:, None] * stride_xm + tl.arange(0, 32)[None, :]
         for i in range(first, last):
-            acc = _q45_step(acc, xq, ok, wp_g, i, QTYPE, BF16, F32, DOT_PRECISION, PROBE)
+            acc = _q45_step(acc, xq, ok, wp_g, i, QTYPE, BF16, F32, DOT_PRECISION, PROBE, SWAP)
             if GATED:
-                acc_u = _q45_step(acc_u, xq, ok, wp_u, i, QTYPE, BF16, F32, DOT_PRECISION, PROBE)
+                acc_u = _q45_step(acc_u, xq, ok, wp_u, i, QTYPE, BF16, F32, DOT_PRECISION, PROBE, SWAP)
     else:
         num_sb = num_steps // 2
         raw_g = _load_step(wp_g, first, QTYPE, PACKED, num_sb)
@@ -876,13 +897,14 @@ def _moe_kernel(x_ptr, w_ptr, grid_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, ex
             nxt_g = _load_step(wp_g, nxt, QTYPE, PACKED, num_sb)
             nxt_u = _load_step(wp_u, nxt, QTYPE, PACKED, num_sb) if GATED else nxt_g
             a = tl.load(xp + i * 128, mask=ok[:, None], other=0.0)
-            acc = tl.dot(a, tl.trans(_decode_step(raw_g, i, grid_ptr, QTYPE, BLOCK_N).to(a.dtype)), acc,
-                         input_precision=DOT_PRECISION)
+            acc = _tile_dot(a, _decode_step(raw_g, i, grid_ptr, QTYPE, BLOCK_N), acc, DOT_PRECISION, SWAP)
             if GATED:
-                acc_u = tl.dot(a, tl.trans(_decode_step(raw_u, i, grid_ptr, QTYPE, BLOCK_N).to(a.dtype)), acc_u,
-                               input_precision=DOT_PRECISION)
+                acc_u = _tile_dot(a, _decode_step(raw_u, i, grid_ptr, QTYPE, BLOCK_N), acc_u, DOT_PRECISION, SWAP)
             raw_g = nxt_g
             raw_u = nxt_u
+    if SWAP:
+        acc = tl.trans(acc)
+        acc_u = tl.trans(acc_u)
     _moe_store(acc, acc_u, out_ptr + pid_s * stride_os, route_w_ptr, ids, ok, offs_n, N, stride_om, GATED,
                ROUTE_WEIGHTED)
     if REDUCE:   # the planes are written: count this program in; the last of the gate/up tile pair gates the sums
@@ -1027,7 +1049,16 @@ CPU_NUM_SMS = 16  # what the plans assume in the interpreter
 def _num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return CPU_NUM_SMS
-    return cuda_capability_and_sms(device.index if device.index is not None else torch.cuda.current_device())[1]
+    return cuda_capability_and_sms(_device_index(device))[1]
+
+
+def _capability(device: torch.device) -> tuple[int, int] | None:
+    """The device's compute capability; None for the interpreter (CPU tensors)."""
+    return cuda_capability_and_sms(_device_index(device))[0] if device.type == "cuda" else None
+
+
+def _device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def _split(tiles: int, steps: int, num_sms: int, ctas_per_sm: int) -> tuple[int, int]:
@@ -1045,6 +1076,41 @@ def _split(tiles: int, steps: int, num_sms: int, ctas_per_sm: int) -> tuple[int,
 DECODE_TUNING = dict(BLOCK_N=64, num_warps=4, num_stages=3, ctas_per_sm=4)
 PREFILL_TUNING = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
 DENSE_DEQUANT_MIN_M = 128
+# The prefill tiles tuned per pass to the weight's type and the target's tensor cores (plan["w13"] / plan["w2"]:
+# prefill_pass_tuning; dense tiles: linear_tile_tuning), from Triton 3.6's own ptxas offline (bench/tile_sass.py,
+# bench/RESULTS.md session 22).  On the mma.sync targets (sm_80-89, sm_120/121) Q4_K's tile decodes in a layout the
+# dot's right operand must be transposed from: with the weights as the left operand (SWAP) its K loop takes 1356
+# SASS instructions a step on sm_120 instead of 3035.  Q6_K's gate/up tile (two accumulators and two steps of raw
+# weights in flight) spilled 6 KB a thread there (3067 spill instructions a step); in 32-feature blocks, 8 warps and
+# SWAP it spills nothing (1022 instructions).  Not timed on an mma.sync GPU.  sm_90 (the H200, wgmma) keeps the
+# 64x64 four-warp tile: measured there (session 22, TP-8 MoE, 2048 tokens) SWAP took 1508 µs against 1418 (Q4_K), and
+# 8 warps, which end Q8_0's spills, 2410 against 2285 (file layout) and 1721 against 1684 (packed).
+PREFILL_MAX_STACK = 512  # bytes a thread the tuned tiles may keep on the stack (the 64x64 Q6_K tile: 6 KB on sm_120)
+
+
+def linear_tile_tuning(qtype: int, capability: tuple[int, int] | None) -> dict:
+    """The dense tile linear's override for ``qtype`` on a GPU of ``capability`` (None: the interpreter): Q4_K on
+    mma.sync targets with the weights as the dot's left operand (sm_120 loop instructions a step: 64-row tiles 1541 ->
+    689, 32 rows 769 -> 648, 16 rows 704 -> 572); Q6_K, Q8_0, Q3_K, IQ2_XXS gain under 10 % there."""
+    return {"SWAP": True} if int(qtype) == Q4_K and not _wgmma(capability) else {}
+
+
+def _wgmma(capability: tuple[int, int] | None) -> bool:
+    return capability is not None and capability[0] == 9
+
+
+def prefill_pass_tuning(qtype: int, gated: bool, capability: tuple[int, int] | None) -> dict:
+    """The prefill-tile pass's overrides of PREFILL_TUNING for weights of ``qtype`` (gated: the w13 pass) on a GPU of
+    ``capability`` (None: the interpreter, tuned as an mma.sync target)."""
+    if _wgmma(capability):
+        return {}
+    if int(qtype) == Q4_K:
+        return {"SWAP": True}
+    if int(qtype) == Q6_K and gated:
+        return {"BLOCK_N": 32, "num_warps": 8, "SWAP": True}
+    return {}
+
+
 # Tile linears whose split planes the kernel sums itself (kernels/arrivals.py): 16- and 32-row tiles.  H200,
 # session 9, 32 rows, µs, 32-row self-summing tiles against one 64-row tile and a sum launch: Q4_K lm_head 77 / 108,
 # q_a+kv_a 17.1 / 24.5, o_proj 14.6 / 21.5, dense down 13.1 / 18.6; Q6_K 7-15 % faster (17 of 18 TP-8 shapes faster;
@@ -1114,7 +1180,10 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int, n: int | Non
             and mma_decode(qtype, k, x.dtype, weight=qweight, linear=True, packed=packed)):
         return gguf_mma.linear(x, qweight, qtype, n, _num_sms(x.device), grid_table=_grid_arg(qtype, qweight),
                                packed=packed)
-    plan = plan or linear_plan(m, n, k, _num_sms(x.device))
+    if plan is None:
+        plan = linear_plan(m, n, k, _num_sms(x.device))
+        if not plan["dequant"]:
+            plan.update(linear_tile_tuning(qtype, _capability(x.device)))
     if plan["dequant"]:
         rows = max(32, DEQUANT_CHUNK_BYTES // (k * x.element_size()) // 32 * 32)
         scratch = torch.empty(min(rows, n), k, dtype=x.dtype, device=x.device)
@@ -1138,7 +1207,7 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int, n: int | Non
                          dst.stride(0) if split > 1 else 0, dst.stride(-2), out.stride(0), plan["steps_per_split"],
                          k // STEP_K, QTYPE=qtype, BLOCK_M=plan["BLOCK_M"], BLOCK_N=plan["BLOCK_N"],
                          DOT_PRECISION=_dot_precision(x.dtype), REDUCE=reduce, PACKED=packed,
-                         num_warps=plan["num_warps"], num_stages=plan["num_stages"])
+                         SWAP=plan.get("SWAP", False), num_warps=plan["num_warps"], num_stages=plan["num_stages"])
     if split > 1 and not reduce:
         out.copy_(dst.sum(0))
     return out
@@ -1309,7 +1378,12 @@ def chosen_moe_plan(num_tokens: int, top_k: int, dtype: torch.dtype, w13: torch.
     h, inter = w2.shape[1], two_i // 2
     rows = num_tokens * top_k / e
     mma = _mma_regime(rows, dtype, w13, w2, qtype13, qtype2, h, inter, packed)
-    return moe_plan(num_tokens, top_k, e, decode=mma, dequant=not mma and _dequant_regime(rows, dtype, qtype13, qtype2))
+    plan = moe_plan(num_tokens, top_k, e, decode=mma, dequant=not mma and _dequant_regime(rows, dtype, qtype13, qtype2))
+    if plan.get("fused_gate") and not plan.get("dequant"):   # the prefill tiles: each pass tuned to its type
+        cap = _capability(w13.device)
+        plan["w13"] = prefill_pass_tuning(qtype13, True, cap)
+        plan["w2"] = prefill_pass_tuning(qtype2, False, cap)
+    return plan
 
 
 def moe_regime(plan: dict) -> str:
@@ -1348,6 +1422,10 @@ def _tile_pass(a, w, qtype: int, out, route, plan: dict, *, n: int, split: int, 
     I: out = the activations), a product (out rows, times route_w when given) or, with final, w13 split over K
     (float32 planes out [split, rows, n = 2 I], gated by the last program of each gate/up tile pair into final)."""
     sorted_ids, expert_ids, num_padded = route
+    tuned = plan.get("w13" if gated else "w2")  # a prefill plan's tuning of this pass (prefill_pass_tuning)
+    if tuned:
+        plan = {**plan, **tuned}
+        bn = tuned.get("BLOCK_N", bn)
     bn = bn or plan["BLOCK_N"]
     grid = (expert_ids.numel() * triton.cdiv(n, bn), split)
     _moe_kernel[grid](
@@ -1357,7 +1435,7 @@ def _tile_pass(a, w, qtype: int, out, route, plan: dict, *, n: int, split: int, 
         out.stride(0) if out.dim() == 3 else 0, out.stride(-2), final.stride(0) if final is not None else 0,
         QTYPE=qtype, BLOCK_M=plan["BLOCK_M"], BLOCK_N=bn, GATED=gated, ROUTE_WEIGHTED=route_w is not None,
         DOT_PRECISION=_dot_precision(a.dtype), REDUCE=final is not None, PROBE=plan.get("probe", 0), PACKED=packed,
-        num_warps=plan["num_warps"], num_stages=plan["num_stages"])
+        SWAP=plan.get("SWAP", False), num_warps=plan["num_warps"], num_stages=plan["num_stages"])
 
 
 def _moe_decode(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan: dict, align, out,
@@ -1509,6 +1587,32 @@ def kernel_configs() -> list[dict]:
                                  constexprs=dict(QTYPE=qt, BLOCK_M=p["BLOCK_M"], BLOCK_N=bn, GATED=gated,
                                                  ROUTE_WEIGHTED=weighted, DOT_PRECISION="tf32", REDUCE=reduce),
                                  divisible_by_16=("x_ptr", "w_ptr", "grid_ptr", "out_ptr", "stride_xm", "stride_om")))
+        if linear_tile_tuning(qt, None):   # the dense tiles' mma.sync tuning (linear_tile_tuning)
+            for bm, t, reduce in ((16, DECODE_TUNING, True), (32, DECODE_TUNING, True), (64, DECODE_TUNING, False),
+                                  (64, PREFILL_TUNING, False)):
+                cfgs.append(dict(name=f"linear q{qt} m{bm} s{t['num_stages']}{' split-K reduced' if reduce else ''} "
+                                      "mma", kernel=_linear_kernel,
+                                 signature={**_LINEAR_SIG, "out_ptr": "*fp32"} if reduce else _LINEAR_SIG,
+                                 family="mma", num_warps=t["num_warps"], num_stages=t["num_stages"],
+                                 constexprs=dict(QTYPE=qt, BLOCK_M=bm, BLOCK_N=t["BLOCK_N"], DOT_PRECISION="tf32",
+                                                 REDUCE=reduce, **linear_tile_tuning(qt, None)),
+                                 divisible_by_16=("x_ptr", "w_ptr", "grid_ptr", "out_ptr", "stride_xm", "stride_om")))
+        # the prefill tiles tuned per pass (prefill_pass_tuning), for the targets of each tensor-core family only
+        # (family: "wgmma" sm_90, "mma" the others); at most PREFILL_MAX_STACK bytes of stack a thread
+        p = moe_plan(4096, 8, 256)
+        for family, cap in (("mma", None), ("wgmma", (9, 0))):
+            for gated in (True, False):
+                tun = prefill_pass_tuning(qt, gated, cap)
+                if not tun:
+                    continue
+                c = {**PREFILL_TUNING, **tun}
+                cfgs.append(dict(name=f"moe q{qt} prefill {'w13' if gated else 'w2'} {family}", kernel=_moe_kernel,
+                                 signature=_MOE_SIG, num_warps=c["num_warps"], num_stages=c["num_stages"],
+                                 family=family, max_stack=PREFILL_MAX_STACK,
+                                 constexprs=dict(QTYPE=qt, BLOCK_M=p["BLOCK_M"], BLOCK_N=c["BLOCK_N"], GATED=gated,
+                                                 ROUTE_WEIGHTED=not gated, DOT_PRECISION="tf32", REDUCE=False,
+                                                 SWAP=c.get("SWAP", False)),
+                                 divisible_by_16=("x_ptr", "w_ptr", "grid_ptr", "out_ptr", "stride_xm", "stride_om")))
     # weights repacked at load (gguf_mma.PACKERS' types): every tile variant again on their layout
     cfgs += [dict(c, name=f"{c['name']} packed", constexprs=dict(c["constexprs"], PACKED=True)) for c in list(cfgs)
              if c["constexprs"]["QTYPE"] in gguf_mma.PACKERS]
@@ -1523,4 +1627,4 @@ def kernel_configs() -> list[dict]:
     cfgs.append(dict(name="silu_mul splits", kernel=_silu_mul_splits_kernel, signature=_SILU_SIG,
                      constexprs=dict(BLOCK=SILU_BLOCK), num_warps=4, num_stages=3,
                      divisible_by_16=("part_ptr", "act_ptr", "stride_ps", "stride_pr", "stride_ar")))
-    return cfgs
+    return gguf_mma.with_default_constexprs(cfgs)

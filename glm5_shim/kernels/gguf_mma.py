@@ -293,6 +293,20 @@ def _bytes(words, L4: tl.constexpr):
 
 
 @jit
+def _scaled_pairs(dd, sl, ml, sh, mh, BF16: tl.constexpr):
+    """(s, -m) of a low and a high group under the super-block's d and dmin (the fp16 halves of the int32 dd):
+    s = d sc and m = dmin mn are exact in float32, then rounded to the activation dtype."""
+    d = (dd & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
+    dmin = ((dd >> 16) & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
+    if BF16:
+        dt: tl.constexpr = gl.bfloat16
+    else:
+        dt: tl.constexpr = gl.float16
+    return ((d * sl.to(gl.float32)).to(dt), (-(dmin * ml.to(gl.float32))).to(dt),
+            (d * sh.to(gl.float32)).to(dt), (-(dmin * mh.to(gl.float32))).to(dt))
+
+
+@jit
 def _q4k_scales(h0, h1, h2, h3, slot, HF: tl.constexpr, BF16: tl.constexpr):
     """(s, -m) of the low and high group of each [BN, 4] slot of half HF of the Q4_K super-blocks whose first 16
     bytes are h0..h3 ([BN, 4] int32, the same in every slot of a row).  The slot's chunk c = 2 HF + slot // 2 holds
@@ -310,14 +324,7 @@ def _q4k_scales(h0, h1, h2, h3, slot, HF: tl.constexpr, BF16: tl.constexpr):
         ml = ((h3 >> (8 * jj + 4)) & 15) | (((h2 >> (8 * jj + 6)) & 3) << 4)
         sh = ((h3 >> (8 * jj + 8)) & 15) | (((h1 >> (8 * jj + 14)) & 3) << 4)
         mh = ((h3 >> (8 * jj + 12)) & 15) | (((h2 >> (8 * jj + 14)) & 3) << 4)
-    d = (h0 & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
-    dmin = ((h0 >> 16) & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
-    if BF16:
-        dt: tl.constexpr = gl.bfloat16
-    else:
-        dt: tl.constexpr = gl.float16
-    return ((d * sl.to(gl.float32)).to(dt), (-(dmin * ml.to(gl.float32))).to(dt),
-            (d * sh.to(gl.float32)).to(dt), (-(dmin * mh.to(gl.float32))).to(dt))
+    return _scaled_pairs(h0, sl, ml, sh, mh, BF16)
 
 
 @jit
@@ -328,14 +335,7 @@ def _q2k_scales(sw, dd, slot, BF16: tl.constexpr):
     dd: the d, dmin word.  s = d sc and m = dmin mn exact in float32, then rounded to the activation dtype."""
     lo = (sw >> (8 * (slot % 2))) & 255
     hi = (sw >> (8 * (slot % 2) + 16)) & 255
-    d = (dd & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
-    dmin = ((dd >> 16) & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
-    if BF16:
-        dt: tl.constexpr = gl.bfloat16
-    else:
-        dt: tl.constexpr = gl.float16
-    return ((d * (lo & 15).to(gl.float32)).to(dt), (-(dmin * (lo >> 4).to(gl.float32))).to(dt),
-            (d * (hi & 15).to(gl.float32)).to(dt), (-(dmin * (hi >> 4).to(gl.float32))).to(dt))
+    return _scaled_pairs(dd, lo & 15, lo >> 4, hi & 15, hi >> 4, BF16)
 
 
 @jit
@@ -1274,6 +1274,17 @@ def unpack(w, qtype: int, k: int):
     return PACKERS[int(qtype)][1](w, k)
 
 
+def with_default_constexprs(cfgs: list[dict]) -> list[dict]:
+    """The configs with every constexpr their kernel defaults spelled out.  Triton 3.6 keys an offline compile
+    (ASTSource.hash) on the constexprs' values in argument order, not their names: a config naming PACKED=True
+    and one naming SWAP=True (the others defaulted) hash alike, and the second compile returns the first's cubin."""
+    out = []
+    for c in cfgs:
+        defaults = {p.name: p.default for p in c["kernel"].params if p.is_constexpr and p.has_default}
+        out.append(dict(c, constexprs={**defaults, **c["constexprs"]}))
+    return out
+
+
 def kernel_configs() -> list[dict]:
     """Every variant the plans launch, for the offline compile test (bf16 activations)."""
     sig = {"x_ptr": "*bf16", "w_ptr": "*u8", "out_ptr": "*fp32", "route_w_ptr": "*fp32", "sorted_ids_ptr": "*i32",
@@ -1316,4 +1327,4 @@ def kernel_configs() -> list[dict]:
         packed += [dict(c, name=c["name"].replace(f"mma {lower}", f"mma {lower} packed"),
                         constexprs=dict(c["constexprs"], PACKED=True)) for c in cfgs
                    if c["constexprs"]["QTYPE"] == qtype]
-    return cfgs + packed
+    return with_default_constexprs(cfgs + packed)

@@ -25,7 +25,10 @@ _SCRIPT = textwrap.dedent(
 
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     cc = int(sys.argv[1])
+    family = "wgmma" if cc // 10 == 9 else "mma"
     for cfg in gm.kernel_configs() + gguf_mma.kernel_configs():
+        if cfg.get("family", family) != family:   # tuned for the other tensor-core family's targets
+            continue
         kernel = cfg["kernel"]
         names = kernel.arg_names
         sig = dict(cfg["signature"], **{k: "constexpr" for k in cfg["constexprs"]})
@@ -47,13 +50,14 @@ _SCRIPT = textwrap.dedent(
                        v4_loads=len(re.findall(r"ld\.global(?:\.\w+)*\.v4\.", ptx)),
                        # 8-byte ones: IQ2 grid rows (both layouts), packed IQ2_XXS sub-blocks
                        b64_loads=len(re.findall(r"ld\.global(?:\.\w+)*\.(?:v2\.[bsu]32|[bsu]64)\b", ptx)))
-            if cfg.get("gluon"):  # registers and spills, from the cubin
+            if cfg.get("gluon") or "max_stack" in cfg:  # registers and spills, from the cubin
                 with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
                     f.write(k.asm["cubin"])
                     f.flush()
                     usage = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True).stdout
                 rec.update(regs=int(re.search(r"REG:(\d+)", usage).group(1)),
-                           local=int(re.search(r"LOCAL:(\d+)", usage).group(1)))
+                           local=int(re.search(r"LOCAL:(\d+)", usage).group(1)),
+                           stack=int(re.search(r"STACK:(\d+)", usage).group(1)), max_stack=cfg.get("max_stack"))
         except Exception as e:  # report, do not stop: the test lists every failure
             rec.update(ok=False, error=f"{type(e).__name__}: {str(e)[:400]}")
         print("RESULT " + json.dumps(rec), flush=True)
@@ -72,6 +76,11 @@ def test_gguf_matmul_configs_compile(cc, repo_root):
     assert not too_big, json.dumps(too_big, indent=1)
     no_mma = [r["name"] for r in recs if not r["mma"] and not r["name"].startswith(("dequant", "silu_mul"))]
     assert not no_mma, no_mma
+    # the prefill tiles tuned per pass (gguf_matmul.prefill_pass_tuning) keep spills off the stack (the 64x64
+    # four-warp tile spilled up to 6 KB a thread)
+    tuned = [r for r in recs if r.get("max_stack") is not None]
+    assert tuned and all(r["stack"] <= r["max_stack"] for r in tuned), \
+        json.dumps([r for r in tuned if r["stack"] > r["max_stack"]], indent=1)
     # the register-MMA kernels exist to keep decoded weights out of shared memory (the reducing epilogues use a
     # word of it to hand the arrival count to every thread), and must not spill
     gluon = [r for r in recs if r["gluon"]]

@@ -188,33 +188,36 @@ def test_vllms_moe_method_runs_on_the_shim_kernels(patched):
 
 
 def test_iq_moe_decode_goes_to_vllm_where_it_was_faster_and_trusted(patched, monkeypatch):
-    """An IQ3_XXS MoE of up to 32 tokens goes to vLLM's vector MoE kernel where vLLM's kernels are trusted with the
+    """An IQ2_XS MoE of up to 32 tokens goes to vLLM's vector MoE kernel where vLLM's kernels are trusted with the
     activations (kernel_coverage.VLLM_MOE_DECODE_TOKENS); 33 tokens, bf16 where vLLM is refused it, a K-quant, or
-    IQ2_XXS and IQ2_S (on the register-MMA kernel, faster than vLLM's: the UD-IQ2_M mix stays on the shim at every T)
-    go to the shim's kernels; a register-MMA w13 with a vLLM-faster w2 goes to vLLM at 1 token only (MIXED_...)."""
+    IQ2_XXS, IQ2_S and IQ3_XXS (on the register-MMA kernel, faster than vLLM's: the UD-IQ2_M mix stays on the shim at
+    every T) go to the shim's kernels; a register-MMA w13 with a vLLM-faster w2 goes to vLLM at 1 token only
+    (MIXED_...)."""
     from glm5_shim.gguf.kernel_coverage import VLLM_MOE_DECODE_TOKENS
     from glm5_shim.matmul import gguf_ops
 
     iq2s = int(gguf.GGMLQuantizationType.IQ2_S)
     iq2xxs = int(gguf.GGMLQuantizationType.IQ2_XXS)
+    iq2xs = int(gguf.GGMLQuantizationType.IQ2_XS)
     iq3xxs = int(gguf.GGMLQuantizationType.IQ3_XXS)
-    assert VLLM_MOE_DECODE_TOKENS[iq3xxs] == 32
-    assert iq2xxs not in VLLM_MOE_DECODE_TOKENS and iq2s not in VLLM_MOE_DECODE_TOKENS
+    assert VLLM_MOE_DECODE_TOKENS[iq2xs] == 32
+    assert not {iq2xxs, iq2s, iq3xxs} & set(VLLM_MOE_DECODE_TOKENS)
     went = []
     monkeypatch.setattr(patched, "_fused_moe_gguf", lambda x, *a: went.append(("vllm", x.shape[0])) or x)
     monkeypatch.setattr(gm, "gguf_moe", lambda x, *a, **kw: went.append(("shim", x.shape[0])) or x)
     w = torch.zeros(1, 1, dtype=torch.uint8)
     ids, wts = torch.zeros(33, 8, dtype=torch.int32), torch.zeros(33, 8)
     monkeypatch.setattr(gguf_ops, "_vllm_vector_kernel_trusted", lambda x: True)
-    for t, q13, q2 in ((32, iq3xxs, iq3xxs), (33, iq3xxs, iq3xxs), (1, gm.Q4_K, gm.Q4_K), (2, iq2xxs, iq2xxs),
-                       (1, iq2s, iq2s), (1, iq2xxs, iq2s), (2, iq2xxs, iq2s), (1, iq2xxs, iq3xxs), (2, iq2xxs, iq3xxs)):
+    for t, q13, q2 in ((32, iq2xs, iq2xs), (33, iq2xs, iq2xs), (1, gm.Q4_K, gm.Q4_K), (2, iq2xxs, iq2xxs),
+                       (1, iq2s, iq2s), (1, iq2xxs, iq2s), (2, iq2xxs, iq2s), (1, iq2xxs, iq2xs), (2, iq2xxs, iq2xs),
+                       (1, iq3xxs, iq3xxs)):
         gguf_ops._moe_op(torch.zeros(t, 256), w, w, wts[:t], ids[:t], q13, q2)
     iq3s = int(gguf.GGMLQuantizationType.IQ3_S)  # vLLM decodes it wrongly (VLLM_MISDECODED_TYPES): never there
-    gguf_ops._moe_op(torch.zeros(1, 256), w, w, wts[:1], ids[:1], iq3xxs, iq3s)
+    gguf_ops._moe_op(torch.zeros(1, 256), w, w, wts[:1], ids[:1], iq2xs, iq3s)
     monkeypatch.setattr(gguf_ops, "_vllm_vector_kernel_trusted", lambda x: False)
-    gguf_ops._moe_op(torch.zeros(1, 256), w, w, wts[:1], ids[:1], iq3xxs, iq3xxs)
+    gguf_ops._moe_op(torch.zeros(1, 256), w, w, wts[:1], ids[:1], iq2xs, iq2xs)
     assert went == [("vllm", 32), ("shim", 33), ("shim", 1), ("shim", 2), ("shim", 1), ("shim", 1), ("shim", 2),
-                    ("vllm", 1), ("shim", 2), ("shim", 1), ("shim", 1)]
+                    ("vllm", 1), ("shim", 2), ("shim", 1), ("shim", 1), ("shim", 1)]
 
 
 def test_iq3_s_never_reaches_vllms_kernels(patched, monkeypatch):

@@ -75,6 +75,27 @@ def test_row_tiles_past_16_rows_sum_their_splits_either_way(tuning):
     assert not gm.linear_plan(40, 70, 1024, num_sms=16)["self_reduce"]
 
 
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K", "IQ2_XXS"])
+def test_linear_tiles_with_the_weights_on_the_left_give_the_same_product(name):
+    """SWAP (the tile computed transposed, the decoded weights as the dot's left operand, stored back in row order)
+    on every tile plan: 3 rows split over K (self-summed), 40 rows in a 64-row tile, 100 rows unsplit; bit-equal to
+    the unswapped tile in fp32 (the same products summed in the same order), within the float64 bound in fp16.
+    The interpreter's own plans take it for Q4_K (linear_tile_tuning: the mma.sync targets')."""
+    qt = TYPES[name]
+    g = torch.Generator().manual_seed(qt + 5)
+    w = ref.random_blocks(qt, 70, 1024, g)
+    w64 = ref.dequantize(w, qt, 1024)
+    assert gm.linear_tile_tuning(qt, None) == ({"SWAP": True} if name == "Q4_K" else {})
+    assert gm.linear_tile_tuning(qt, (9, 0)) == {}
+    for m in (3, 40, 100):
+        x = torch.randn(m, 1024, generator=g)
+        plan = gm.linear_plan(m, 70, 1024, num_sms=16, tuning={"BLOCK_M": 64} if m == 100 else None)
+        plain = gm.gguf_linear(x, w, qt, plan={**plan, "SWAP": False})
+        assert torch.equal(gm.gguf_linear(x, w, qt, plan={**plan, "SWAP": True}), plain), m
+        got = gm.gguf_linear(x.half(), w, qt, plan={**plan, "SWAP": True})
+        assert _rel(got, x.half().double() @ w64.T) <= TOL[torch.float16], m
+
+
 def test_linear_reads_a_row_view_of_a_padded_merged_weight():
     g = torch.Generator().manual_seed(4)
     a = ref.random_blocks(gm.Q4_K, 24, 512, g)
@@ -159,6 +180,40 @@ def test_moe_decode_split_and_prefill_fused(q13, q2):
     # would take the decode regime at these 6 rows an expert (test_gguf_mma's threshold test)
     got = gm.gguf_moe(x.half(), w13, w2, wts, ids, q13, q2, plan=plan)
     assert _rel(got, ref.moe_reference(x.half(), w13, w2, wts, ids, q13, q2)) <= 2 * TOL[torch.float16]
+
+
+@pytest.mark.parametrize("q13,q2", [("Q4_K", "Q6_K"), ("Q8_0", "IQ2_XXS"), ("Q5_K", "Q3_K"), ("IQ4_XS", "Q4_K")])
+def test_prefill_tiles_tuned_per_pass(q13, q2):
+    """The prefill tiles with each pass tuned on its own (plan["w13"] / plan["w2"]): the weights as the dot's left
+    operand (SWAP: the product computed transposed, stored back in row order) and 32-feature blocks, on the file's
+    layout and on packed weights; fp32 and fp16 against float64, and SWAP bit-equal to the unswapped tiles in
+    fp32 (the same products summed in the same order)."""
+    from glm5_shim.kernels import gguf_mma
+
+    q13, q2 = TYPES[q13], TYPES[q2]
+    g = torch.Generator().manual_seed(3 * q13 + q2)
+    e, h, inter, top_k, t = 6, 256, 256, 2, 40
+    w13, w2, x, ids, wts = _moe(q13, q2, e, h, inter, t, top_k, g, hot=True)
+    base = gm.moe_plan(512, top_k, 8)
+    assert base["fused_gate"]
+    want = ref.moe_reference(x, w13, w2, wts, ids, q13, q2)
+    plain = gm.gguf_moe(x, w13, w2, wts, ids, q13, q2, plan=base)
+    for w13_t, w2_t in ((dict(SWAP=True), dict(SWAP=True)), (dict(BLOCK_N=32, SWAP=True), dict(BLOCK_N=32)),
+                        (dict(BLOCK_N=32), dict(BLOCK_N=32, SWAP=True))):
+        plan = {**base, "w13": w13_t, "w2": w2_t}
+        got = gm.gguf_moe(x, w13, w2, wts, ids, q13, q2, plan=plan)
+        assert _rel(got, want) <= TOL[torch.float32], (w13_t, w2_t)
+        if w13_t.get("BLOCK_N", 64) == 64 and w2_t.get("BLOCK_N", 64) == 64:
+            assert torch.equal(got, plain), (w13_t, w2_t)
+        half = gm.gguf_moe(x.half(), w13, w2, wts, ids, q13, q2, plan=plan)
+        assert _rel(half, ref.moe_reference(x.half(), w13, w2, wts, ids, q13, q2)) <= 2 * TOL[torch.float16]
+    if q13 in gguf_mma.PACKERS or q2 in gguf_mma.PACKERS:   # the layout the loader repacks these types to
+        p13 = gguf_mma.pack(w13, q13) if q13 in gguf_mma.PACKERS else w13
+        p2 = gguf_mma.pack(w2, q2) if q2 in gguf_mma.PACKERS else w2
+        plan = {**base, "w13": dict(BLOCK_N=32, SWAP=True), "w2": dict(SWAP=True)}
+        got = gm.gguf_moe(x, p13, p2, wts, ids, q13, q2, plan=plan, packed13=q13 in gguf_mma.PACKERS,
+                          packed2=q2 in gguf_mma.PACKERS)
+        assert torch.equal(got, gm.gguf_moe(x, w13, w2, wts, ids, q13, q2, plan=plan))
 
 
 @pytest.mark.parametrize("q13,q2", [("Q4_K", "Q6_K"), ("IQ2_XXS", "Q8_0"), ("Q2_K", "IQ4_XS"), ("IQ3_S", "IQ1_M")])

@@ -292,7 +292,7 @@ def test_covers_its_types_in_16_bit_activations_on_aligned_rows():
     assert mma.covers(mma.Q4_K, 6144, torch.bfloat16) and mma.covers(mma.Q6_K, 256, torch.float16)
     assert not mma.covers(mma.Q4_K, 6144, torch.float32)
     assert mma.covers(mma.Q5_K, 6144, torch.bfloat16) and mma.covers(mma.Q8_0, 6144, torch.bfloat16)
-    assert not mma.covers(gm.Q2_K, 6144, torch.bfloat16)
+    assert mma.covers(gm.Q2_K, 6144, torch.bfloat16) and not mma.covers(gm.Q3_K, 6144, torch.bfloat16)
     assert not mma.covers(mma.Q4_K, 384, torch.bfloat16)
     padded = torch.zeros(4, 146, dtype=torch.uint8)      # a merged weight padded to 146 bytes a row
     assert not mma.aligned(padded[:, :144], mma.Q4_K) and mma.aligned(padded[:, :144], mma.Q6_K)
