@@ -105,6 +105,34 @@ def test_moe_vs_float64(types, dtype):
         assert err <= 4 * U[dtype], (types, dtype, t, hot, err)
 
 
+@pytest.mark.compiled_kernels("_moe_kernel", "_linear_kernel")
+@pytest.mark.parametrize("types", [("Q4_K", "Q6_K"), ("Q6_K", "Q4_K"), ("Q8_0", "IQ2_XXS")])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_tiles_tuned_for_mma_sync_targets_vs_float64(types, dtype):
+    """The prefill tiles as the mma.sync targets (SM120, sm_80-89) run them (prefill_pass_tuning's choices, forced
+    here on any GPU) and in the other variants (SWAP, 32-feature 8-warp w13 blocks), and the dense tile linear with
+    SWAP at 16, 40 and 100 rows: compiled for this GPU, against float64, same bounds as the untuned tiles."""
+    gm, ref = _mods()
+    q13, q2 = getattr(gm, types[0]), getattr(gm, types[1])
+    g = torch.Generator().manual_seed(q13 * 7 + q2)
+    e, h, inter, top_k, t = 16, 1024, 256, 8, 160
+    w13, w2, x, ids, wts = _moe_case(q13, q2, e, h, inter, t, top_k, g)
+    want = ref.moe_reference(x.to(dtype), w13, w2, wts, ids, q13, q2)
+    base = gm.moe_plan(t, top_k, e)
+    for w13_t, w2_t in ((gm.prefill_pass_tuning(q13, True, None), gm.prefill_pass_tuning(q2, False, None)),
+                        ({"SWAP": True}, {"SWAP": True}), ({"BLOCK_N": 32, "num_warps": 8, "SWAP": True}, {})):
+        plan = {**base, "w13": w13_t, "w2": w2_t}
+        got = gm.gguf_moe(x.to(dtype).cuda(), w13.cuda(), w2.cuda(), wts.cuda(), ids.cuda(), q13, q2, plan=plan)
+        err = _rel(got, want)
+        assert err <= 4 * U[dtype], (types, dtype, w13_t, w2_t, err)
+    w = w13[0]
+    for m in (16, 40, 100):
+        xm = torch.randn(m, h, generator=g).to(dtype)
+        plan = {**gm.linear_plan(m, w.shape[0], h, 132, tuning={"BLOCK_M": 64} if m == 100 else None), "SWAP": True}
+        err = _rel(gm.gguf_linear(xm.cuda(), w.cuda(), q13, plan=plan), ref.linear_reference(xm, w, q13))
+        assert err <= 3 * U[dtype], (types, dtype, m, err)
+
+
 @pytest.mark.compiled_kernels("_moe_dense_kernel", "_dequant_kernel")
 @pytest.mark.parametrize("types", [("Q4_K", "Q6_K"), ("Q8_0", "Q5_K"), ("IQ2_XXS", "IQ2_S"), ("Q2_K", "IQ4_XS"),
                                    ("IQ3_S", "IQ1_M")])
