@@ -76,10 +76,11 @@ def test_gguf_matmul_configs_compile(cc, repo_root):
     assert not too_big, json.dumps(too_big, indent=1)
     no_mma = [r["name"] for r in recs if not r["mma"] and not r["name"].startswith(("dequant", "silu_mul"))]
     assert not no_mma, no_mma
-    # the prefill tiles tuned per pass (gguf_matmul.prefill_pass_tuning) keep spills off the stack (the 64x64
-    # four-warp tile spilled up to 6 KB a thread)
+    # the tiles tuned for the mma.sync targets (gguf_matmul.prefill_pass_tuning, linear_tile_tuning) keep spills off
+    # the stack (the 64x64 four-warp Q6_K tile: 6 KB a thread); sm_90 keeps the untuned tiles (measured faster there)
     tuned = [r for r in recs if r.get("max_stack") is not None]
-    assert tuned and all(r["stack"] <= r["max_stack"] for r in tuned), \
+    assert tuned or cc // 10 == 9, "no tuned tile among the configs"
+    assert all(r["stack"] <= r["max_stack"] for r in tuned), \
         json.dumps([r for r in tuned if r["stack"] > r["max_stack"]], indent=1)
     # the register-MMA kernels exist to keep decoded weights out of shared memory (the reducing epilogues use a
     # word of it to hand the arrival count to every thread), and must not spill
