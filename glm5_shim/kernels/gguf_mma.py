@@ -1278,9 +1278,13 @@ def with_default_constexprs(cfgs: list[dict]) -> list[dict]:
     """The configs with every constexpr their kernel defaults spelled out.  Triton 3.6 keys an offline compile
     (ASTSource.hash) on the constexprs' values in argument order, not their names: a config naming PACKED=True
     and one naming SWAP=True (the others defaulted) hash alike, and the second compile returns the first's cubin."""
+    import inspect
+
     out = []
     for c in cfgs:
-        defaults = {p.name: p.default for p in c["kernel"].params if p.is_constexpr and p.has_default}
+        fn = getattr(c["kernel"], "fn", c["kernel"])   # the Python function (a JIT or interpreted kernel's)
+        defaults = {n: p.default for n, p in inspect.signature(fn).parameters.items()
+                    if p.default is not inspect.Parameter.empty and "constexpr" in str(p.annotation)}
         out.append(dict(c, constexprs={**defaults, **c["constexprs"]}))
     return out
 
