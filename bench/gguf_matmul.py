@@ -176,6 +176,11 @@ DEQUANT_TUNINGS = [{}]   # the dequantizing MoE's tile shapes timed (--dequant-t
 PREFILL_TUNINGS: list[dict] = []   # more prefill-tile shapes timed as arms prefill_tiles1, ... (--prefill-tunings)
 
 
+def served_tiles(qt: int) -> dict:
+    """moe_plan's arguments for the tile tunings serving takes for ``qt`` on this GPU (prefill_pass_tuning)."""
+    return dict(qtypes=(qt, qt), capability=tuple(torch.cuda.get_device_capability()))
+
+
 def dequant_plan(t: int, tuning: dict) -> dict:
     """A dequantizing MoE plan: ``tuning``'s tile keys (MOE_DEQUANT_TUNING), its "dequantize" dict the
     dequantization kernel's (DEQUANT_TUNING)."""
@@ -245,14 +250,16 @@ def bench_moe(tp: int, type_names, tokens, bw, peak, gen, vg, bf16_moe, rows):
                 # 8-row blocks, an expert's weights read once a block (mma_sorted), and the wider blocks of 16 and
                 # 32 rows that multiply each decoded weight by more rows (mma_c16, mma_c32)
                 forced = {**gm.moe_plan(t, TOP_K, EXPERTS, decode=True), "mma": True, "direct": False}
-                arms = {"prefill_tiles": {**gm.moe_plan(t, TOP_K, EXPERTS), "mma": False}}
-                if t * TOP_K / EXPERTS <= 64:   # past that, blocks of 32 rows decode a weight 3+ times
-                    arms.update(mma_sorted={**forced, "mma_cols": 8}, mma_c16={**forced, "mma_cols": 16},
-                                mma_c32={**forced, "mma_cols": 32})
+                arms = {"prefill_tiles": {**gm.moe_plan(t, TOP_K, EXPERTS, **served_tiles(qt)), "mma": False}}
+                if t * TOP_K / EXPERTS <= 64:
+                    arms.update(mma_sorted={**forced, "mma_cols": 8}, mma_c16={**forced, "mma_cols": 16})
+                if t * TOP_K / EXPERTS <= 128:   # past that, blocks of 32 rows decode a weight 5+ times
+                    arms.update(mma_c32={**forced, "mma_cols": 32})
             if t * TOP_K / EXPERTS >= 8:   # the experts dequantized a chunk at a time, 16-bit tiles (each tuning)
                 arms.update({f"dequant{i or ''}": dequant_plan(t, tun) for i, tun in enumerate(DEQUANT_TUNINGS)})
                 # the prefill tiles in other shapes (larger row blocks decode an expert's weights fewer times)
-                arms.update({f"prefill_tiles{i + 1}": {**gm.moe_plan(t, TOP_K, EXPERTS, tuning=tun), "mma": False}
+                arms.update({f"prefill_tiles{i + 1}": {**gm.moe_plan(t, TOP_K, EXPERTS, tuning=tun,
+                                                                     **served_tiles(qt)), "mma": False}
                              for i, tun in enumerate(PREFILL_TUNINGS)})
             if packed13 is not None:
                 # the same experts repacked at load (gguf_mma.pack, loading/gguf_repack.py), the plan serving takes
@@ -271,7 +278,8 @@ def bench_moe(tp: int, type_names, tokens, bw, peak, gen, vg, bf16_moe, rows):
                     forced = {**gm.moe_plan(t, TOP_K, EXPERTS, decode=True), "mma": True, "direct": False}
                     packed_arms.update(mma_packed_c16={**forced, "mma_cols": 16},
                                        mma_packed_c32={**forced, "mma_cols": 32},
-                                       packed_prefill_tiles={**gm.moe_plan(t, TOP_K, EXPERTS), "mma": False})
+                                       packed_prefill_tiles={**gm.moe_plan(t, TOP_K, EXPERTS, **served_tiles(qt)),
+                                                             "mma": False})
                 if rows_per_expert >= 8:
                     packed_arms["packed_dequant"] = dequant_plan(t, DEQUANT_TUNINGS[0])
                 for arm, aplan in packed_arms.items():
@@ -319,6 +327,7 @@ DENSE_MMA_MAX_ROWS = 64
 
 def bench_dense(type_names, tokens, bw, peak, gen, vg, rows, tile_rows=False):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
+    cap = tuple(torch.cuda.get_device_capability())
     for lname, (n, k) in DENSE_TP8.items():
         for name in type_names:
             qt = TYPES[name]
@@ -347,7 +356,7 @@ def bench_dense(type_names, tokens, bw, peak, gen, vg, rows, tile_rows=False):
                 read_us = graph_us([lambda w=w, o=o: read_floor.read_weight(w, o) for w, o in zip(ws, outs)] * 2)
                 row.update(read_columns(read_us, row["floor_us"], row["shim_us"]))
                 if gguf_mma.covers(qt, k, x.dtype, gguf_mma.KERNEL_TYPES) and t <= DENSE_MMA_MAX_ROWS:  # mma arm
-                    tplan = gm.linear_plan(t, n, k, sms)   # an explicit plan: the tile kernels
+                    tplan = gm.linear_plan(t, n, k, sms, qtype=qt, capability=cap)   # explicit: the tile kernels
                     tile = gm.gguf_linear(x, ws[0], qt, plan=tplan)
                     table = gm.grid_table(qt, x.device) if qt in gguf_mma.GRID_TYPES else None
                     mine = gguf_mma.linear(x, ws[0], qt, n, sms, grid_table=table)
@@ -383,7 +392,7 @@ def bench_dense(type_names, tokens, bw, peak, gen, vg, rows, tile_rows=False):
                     packed = None
                 if tile_rows and 16 < t <= 64:
                     for arm, tuning in TILE_ROW_ARMS.items():
-                        aplan = gm.linear_plan(t, n, k, sms, tuning)
+                        aplan = gm.linear_plan(t, n, k, sms, tuning, qtype=qt, capability=cap)
                         mine = gm.gguf_linear(x, ws[0], qt, plan=aplan)
                         row[f"{arm}_rel_vs_shim"] = ((mine.float() - ours.float()).norm() / ours.float().norm()).item()
                         row[f"{arm}_us"] = graph_us([lambda w=w, p=aplan: gm.gguf_linear(x, w, qt, plan=p)

@@ -67,9 +67,9 @@ def gguf_split_reduce_choice() -> str:
 
 
 def gguf_pack() -> bool:
-    """GLM5_SHIM_GGUF_PACK: 1 (default) repacks Q8_0 and Q6_K linear and expert weights at load for the shim's
-    kernels (16-byte code loads; gguf/kernel_coverage.LOAD_PACKED_TYPES) | 0 keeps the file's layout.  Only where
-    the shim's kernels compute GGUF matmuls (GLM5_SHIM_GGUF_KERNELS=shim)."""
+    """GLM5_SHIM_GGUF_PACK: 1 (default) repacks Q8_0, Q6_K, IQ2_XXS and IQ2_S linear and expert weights at
+    load for the shim's kernels (aligned code loads; gguf/kernel_coverage.LOAD_PACKED_TYPES) | 0 keeps the file's
+    layout.  Only where the shim's kernels compute GGUF matmuls (GLM5_SHIM_GGUF_KERNELS=shim)."""
     return _flag("GLM5_SHIM_GGUF_PACK", True)
 
 
@@ -84,8 +84,8 @@ ENV_SWITCHES = {
                              "Q6_K, Q8_0, IQ2_XXS MoE) or the tile kernels",
     "GLM5_SHIM_GGUF_SPLITS": "kernel | launch: decode-sized GGUF matmuls split over K summed by their own last "
                              "program (default) or by a separate launch",
-    "GLM5_SHIM_GGUF_PACK": "1 | 0: Q8_0 and Q6_K linear and expert weights repacked at load for 16-byte loads "
-                           "(default) or kept in the file's layout",
+    "GLM5_SHIM_GGUF_PACK": "1 | 0: Q8_0, Q6_K, IQ2_XXS and IQ2_S linear and expert weights repacked at load for "
+                           "aligned code loads (default) or kept in the file's layout",
     "GLM5_SHIM_CACHE": "where tokenizers rebuilt from GGUFs are kept (default ~/.cache/glm5_shim)",
 }
 

@@ -69,10 +69,28 @@ MMA_LINEAR_MAX_ROWS = {int(_T.IQ2_XXS): 32, int(_T.IQ2_S): 32, int(_T.IQ3_XXS): 
 #   32 (T = 1024):      Q4_K 1250 / 1109 / 1103, 926;  Q5_K 1557 / 1246 / 1248, 1027;  Q6_K 2484 / 1573 / 1212, 3020;
 #                       Q8_0 3629 / 2291 / 1641, 1541;  IQ2_XXS 2110 / 1381 / 1186, 2513
 #   64 (T = 2048):      Q6_K 4619 / 2814 / 2027, 4288;  IQ2_XXS 3961 / 2497 / 2007, 3706 (dequantized: 2377, 2125)
-# (IQ2_S: IQ2_XXS's limit, not measured past 8 rows.)  The rule reads the mean rows an expert, measured with uniform
-# random routings; a skewed prefill routing reads a hot expert's weights once per block (not measured).
+# (IQ2_S: IQ2_XXS's limit, not measured past 8 rows.)  H100, session 23 (bench/results/2026-12-06-s23-moe.md),
+# register-MMA in blocks of 8 / 16 / 32 rows, prefill tiles, dequantized (vLLM on bf16 weights 870 / 897 / 997):
+#   8 rows (T = 256):   IQ3_XXS 580 / 480 / 642, 3808, 2163;  IQ3_S 656 / 548 / 653, 4203, 2201;
+#                       Q2_K 406 / 341 / 491, 1114, 2155
+#   16 (T = 512):       IQ3_XXS 968 / 696 / 707, 3825, 2190;  IQ3_S 1114 / 795 / 732, 4227, 2232;
+#                       Q2_K 662 / 488 / 547, 1140, 2189
+#   32 (T = 1024):      IQ3_XXS 1748 / 1170 / 1075, 3870, 2238;  IQ3_S 2027 / 1353 / 1120, 4261, 2289;
+#                       Q2_K 1175 / 829 / 878, 1193, 2239
+# and session 24 (H100, bench/results/2026-12-06-s24a-gguf_matmul.md; vLLM on bf16 weights 1076, 1412):
+#   64 (T = 2048):      IQ3_XXS 3301 / 2158 / 1860, 5728, 2312;  IQ3_S 3842 / 2494 / 1943, 6293, 2349;
+#                       Q2_K 2178 / 1498 / 1555, 1800, 2309
+#   128 (T = 4096):     IQ3_XXS 32 rows 3383, 9562, 2763;  IQ3_S 3558, 10503, 2788;  Q2_K 2827, 3096, 2754
+# The rule reads the mean rows an expert, measured with uniform random routings; a skewed prefill routing reads a
+# hot expert's weights once per block (not measured).
 MMA_MOE_MAX_ROWS_PER_EXPERT = {int(_T.Q4_K): 16, int(_T.Q5_K): 16, int(_T.Q6_K): 64, int(_T.Q8_0): 16,
-                               int(_T.IQ2_XXS): 64, int(_T.IQ2_S): 64}
+                               int(_T.IQ2_XXS): 64, int(_T.IQ2_S): 64, int(_T.IQ3_XXS): 64, int(_T.IQ3_S): 64,
+                               int(_T.Q2_K): 64}
+# The widest moe_align block a MoE of these types takes on the register-MMA kernels (else gguf_mma.cols_for's 32
+# from 16 rows an expert): 16-row blocks were the fastest at every size measured above for Q2_K (8 / 16 / 32 / 64
+# rows: 341 / 488 / 829 / 1498 µs against 491 / 547 / 878 / 1555 in blocks of 32) and at 16 rows, the last these run
+# there, for Q4_K and Q5_K (635 / 728 against 655 / 762)
+MMA_MOE_MAX_BLOCK_ROWS = {int(_T.Q4_K): 16, int(_T.Q5_K): 16, int(_T.Q2_K): 16}
 # From how many routed rows an expert a MoE not on the register-MMA kernels (past their limit above, or a type or
 # setting they do not take) dequantizes its experts to the activation dtype a chunk at a time and multiplies 16-bit
 # tiles (gguf_matmul._moe_dequantized: a weight decoded once a call) instead of decoding weight tiles in every 64-row
@@ -143,18 +161,20 @@ def shim_kernel_covers(ggml_type: int, k: int) -> bool:
 # bytes moved, so the products are bit-equal): the file's Q8_0 (34-byte) and Q6_K (210-byte) blocks are only 2-byte
 # aligned.  H200, TP-8 shapes, session 17 (bench/RESULTS.md), register-MMA kernels, µs file -> packed: Q8_0 MoE
 # 38 -> 22 (T = 1), 529 -> 279 (32), 718 -> 347 (64: 75 % of the floor); Q6_K MoE 33 -> 26, 379 -> 285, 508 -> 392;
-# lm_head Q8_0 104 -> 43, Q6_K 77 -> 52 (1 row; vLLM's vector kernel 60 and 64).  Linears and experts only: vLLM's
-# embedding lookup reads the file's layout.  GLM5_SHIM_GGUF_PACK=0 keeps the file's layout.
-LOAD_PACKED_TYPES = (int(_T.Q8_0), int(_T.Q6_K))
+# lm_head Q8_0 104 -> 43, Q6_K 77 -> 52 (1 row; vLLM's vector kernel 60 and 64).  IQ2_XXS (66-byte) and IQ2_S
+# (82-byte) blocks, 8-byte code loads packed: H200, session 22, MoE 5-11 % faster (IQ2_XXS 266.0 -> 235.9 µs at
+# T = 32), lm_head at 32 rows 95.8 -> 81.8; H100, session 23, IQ2_XXS MoE 379 -> 353 (T = 128), 456 -> 421 (256),
+# 1056 -> 977 (1024); outputs bit-equal on every serving plan (tests/gpu/test_gguf_mma_gpu.py).  Linears and experts
+# only: vLLM's embedding lookup reads the file's layout.  GLM5_SHIM_GGUF_PACK=0 keeps the file's layout.
+LOAD_PACKED_TYPES = (int(_T.Q8_0), int(_T.Q6_K), int(_T.IQ2_XXS), int(_T.IQ2_S))
 # A packed weight's type, as the loader records it in its layer (qweight_type.weight_type / shard_weight_type), so
 # that the type alone routes every call: vLLM's kernels never see it (vllm_decodes), the shim's read it packed
 PACKED_TYPE_OFFSET = 1 << 10
 # The same types' dense linears at 1-8 rows run on the register-MMA kernels once packed (session 17, µs, packed
 # register-MMA / tile kernel on the file's layout: lm_head Q8_0 43 / 110, q_a+kv_a 10.3 / 24.4, o_proj 8.8 / 18.6;
-# Q6_K 52 / 131, 14.1 / 24.0, 12.2 / 20.0), where the file's Q8_0 stayed on the tile kernel (MMA_LINEAR_TYPES); packed
-# IQ2_XXS and IQ2_S weights (bench and tests only, not yet measured: kernels/gguf_mma.PACKERS) where their file layout
-# does
-MMA_PACKED_LINEAR_TYPES = LOAD_PACKED_TYPES + (int(_T.IQ2_XXS), int(_T.IQ2_S))
+# Q6_K 52 / 131, 14.1 / 24.0, 12.2 / 20.0), where the file's Q8_0 stayed on the tile kernel (MMA_LINEAR_TYPES); the
+# packed IQ2 types where their file layout does
+MMA_PACKED_LINEAR_TYPES = LOAD_PACKED_TYPES
 
 
 def packed_type(ggml_type: int) -> int:

@@ -126,8 +126,8 @@ def format_matmul_paths(paths: dict[str, dict[str, int]]) -> str:
                "matrix), the shim's kernels (GLM5_SHIM_GGUF_KERNELS=shim) do not") if wrong else ""
     packs = [t for t in paths["shim"] if int(gguf.GGMLQuantizationType[t]) in LOAD_PACKED_TYPES]
     if packs and settings.gguf_kernels_choice() == "shim" and settings.gguf_pack():
-        repack = (f"; {'/'.join(packs)} linear and expert weights repacked at load for 16-byte loads, the same bytes "
-                  "moved, never on vLLM's kernels (GLM5_SHIM_GGUF_PACK=0 keeps the file's layout)")
+        repack = (f"; {'/'.join(packs)} linear and expert weights repacked at load for aligned code loads, the "
+                  "same bytes moved, never on vLLM's kernels (GLM5_SHIM_GGUF_PACK=0 keeps the file's layout)")
     else:
         repack = ""
     return (f"GGUF matmuls: shim kernels {listed(paths['shim'])}; vLLM's ggml kernels {listed(paths['vllm'])} "

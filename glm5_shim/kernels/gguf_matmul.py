@@ -1,10 +1,10 @@
 """Matmuls on weights kept in llama.cpp's GGUF block formats: a dense linear and a fused MoE (Triton).
 
 Weights stay as the GGUF stores them (vLLM's ``qweight``: uint8 rows of blocks, one row per output feature), no
-memory is added, and vLLM's own kernels can still read the same tensors — except Q8_0 and Q6_K linear and expert
-weights, which the loader repacks once (``gguf_mma.pack``: the same bytes moved so code loads are 16-byte aligned;
-``loading/gguf_repack.py``) and every kernel here reads with ``packed=True`` (PACKED).  Every program walks K in
-steps of 128 values and turns a step of ``BLOCK_N`` rows into float32 weights in registers — Q4_K/Q5_K with
+memory is added, and vLLM's own kernels can still read the same tensors — except Q8_0, Q6_K, IQ2_XXS and IQ2_S
+linear and expert weights, which the loader repacks once (``gguf_mma.pack``: the same bytes moved so code loads
+are aligned; ``loading/gguf_repack.py``) and every kernel here reads with ``packed=True`` (PACKED).  Every program
+walks K in steps of 128 values and turns a step of ``BLOCK_N`` rows into float32 weights in registers — Q4_K/Q5_K with
 :func:`_q45_step` (codes to exact numbers by PTX bit operations, one dot per 32-value group; 16-byte aligned rows,
 so Triton's pipeliner streams them), the other types with :func:`_load_step` /
 :func:`_decode_step` (integers through 2**23-magic floats; step i + 1's loads issued before step i decodes) — casts
@@ -63,7 +63,8 @@ import triton.language as tl
 
 from glm5_shim import settings
 from glm5_shim.gguf.kernel_coverage import (K_MULTIPLE, MMA_LINEAR_MAX_ROWS, MMA_LINEAR_TYPES,
-                                            MMA_MOE_MAX_ROWS_PER_EXPERT, MMA_PACKED_LINEAR_TYPES,
+                                            MMA_MOE_MAX_BLOCK_ROWS, MMA_MOE_MAX_ROWS_PER_EXPERT,
+                                            MMA_PACKED_LINEAR_TYPES,
                                             MOE_DEQUANT_DEFAULT_MIN_ROWS, MOE_DEQUANT_MIN_ROWS_PER_EXPERT,
                                             SHIM_KERNEL_TYPES)
 from glm5_shim.kernels import arrivals, gguf_mma
@@ -679,6 +680,24 @@ def _tile_dot(a, w, acc, DOT_PRECISION: tl.constexpr, SWAP: tl.constexpr):
 
 
 @triton.jit
+def _tile_acc(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP: tl.constexpr):
+    """A zero float32 accumulator in :func:`_tile_dot`'s orientation: [BM, BN], or [BN, BM] with SWAP."""
+    if SWAP:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    return acc
+
+
+@triton.jit
+def _tile_rows(acc, SWAP: tl.constexpr):
+    """A :func:`_tile_dot` accumulator back in row order ([BM, BN])."""
+    if SWAP:
+        acc = tl.trans(acc)
+    return acc
+
+
+@triton.jit
 def _q45_step(acc, xp, m_ok, wp, i, QTYPE: tl.constexpr, BF16: tl.constexpr, F32: tl.constexpr,
               DOT_PRECISION: tl.constexpr, PROBE: tl.constexpr = 0, SWAP: tl.constexpr = False):
     """acc += x[:, 128 i : 128 i + 128] @ W[:, 128 i : 128 i + 128].T for Q4_K / Q5_K rows at ``wp`` ([BN]); xp:
@@ -704,7 +723,7 @@ def _q45_step(acc, xp, m_ok, wp, i, QTYPE: tl.constexpr, BF16: tl.constexpr, F32
             wf = _q45_weights(q, big_s, big_c, F32)
             acc = _tile_dot(a, wf, acc, DOT_PRECISION, SWAP)
             if PROBE == 2:  # bench probe: every dot twice
-                acc = tl.dot(a, tl.trans(wf.to(a.dtype)), acc, input_precision=DOT_PRECISION)
+                acc = _tile_dot(a, wf, acc, DOT_PRECISION, SWAP)
     return acc
 
 
@@ -745,10 +764,7 @@ def _linear_kernel(x_ptr, w_ptr, grid_ptr, out_ptr, final_ptr, counter_ptr, M, N
     rows = tl.minimum(offs_n, N - 1).to(tl.int64)  # clamped rows: every weight load is in bounds, unmasked
     wp = w_ptr + rows * stride_wn
     xp = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + tl.arange(0, 128)[None, :]
-    if SWAP:
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = _tile_acc(BLOCK_M, BLOCK_N, SWAP)
     first = pid_s * steps_per_split
     last = tl.minimum(first + steps_per_split, num_steps)
     if QTYPE == 12 or QTYPE == 13:  # 16-byte aligned blocks: Triton's pipeliner streams them (num_stages)
@@ -763,8 +779,7 @@ def _linear_kernel(x_ptr, w_ptr, grid_ptr, out_ptr, final_ptr, counter_ptr, M, N
             a = tl.load(xp + i * 128, mask=m_ok[:, None], other=0.0)
             acc = _tile_dot(a, _decode_step(raw, i, grid_ptr, QTYPE, BLOCK_N), acc, DOT_PRECISION, SWAP)
             raw = nxt
-    if SWAP:
-        acc = tl.trans(acc)
+    acc = _tile_rows(acc, SWAP)
     op = out_ptr + pid_s * stride_os + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
     mask = m_ok[:, None] & (offs_n < N)[None, :]
     tl.store(op, acc.to(out_ptr.dtype.element_ty), mask=mask)
@@ -872,12 +887,8 @@ def _moe_kernel(x_ptr, w_ptr, grid_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, ex
     wp_g = w_exp + rows * stride_wn
     wp_u = w_exp + (rows + N) * stride_wn
     xp = x_ptr + (ids // a_row_div)[:, None] * stride_xm + tl.arange(0, 128)[None, :]
-    if SWAP:
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = _tile_acc(BLOCK_M, BLOCK_N, SWAP)
+    acc_u = _tile_acc(BLOCK_M, BLOCK_N, SWAP)
     first = pid_s * steps_per_split
     last = tl.minimum(first + steps_per_split, num_steps)
     if QTYPE == 12 or QTYPE == 13:  # 16-byte aligned blocks: Triton's pipeliner streams them (num_stages)
@@ -902,9 +913,8 @@ def _moe_kernel(x_ptr, w_ptr, grid_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, ex
                 acc_u = _tile_dot(a, _decode_step(raw_u, i, grid_ptr, QTYPE, BLOCK_N), acc_u, DOT_PRECISION, SWAP)
             raw_g = nxt_g
             raw_u = nxt_u
-    if SWAP:
-        acc = tl.trans(acc)
-        acc_u = tl.trans(acc_u)
+    acc = _tile_rows(acc, SWAP)
+    acc_u = _tile_rows(acc_u, SWAP)
     _moe_store(acc, acc_u, out_ptr + pid_s * stride_os, route_w_ptr, ids, ok, offs_n, N, stride_om, GATED,
                ROUTE_WEIGHTED)
     if REDUCE:   # the planes are written: count this program in; the last of the gate/up tile pair gates the sums
@@ -1092,17 +1102,20 @@ def linear_tile_tuning(qtype: int, capability: tuple[int, int] | None) -> dict:
     """The dense tile linear's override for ``qtype`` on a GPU of ``capability`` (None: the interpreter): Q4_K on
     mma.sync targets with the weights as the dot's left operand (sm_120 loop instructions a step: 64-row tiles 1541 ->
     689, 32 rows 769 -> 648, 16 rows 704 -> 572); Q6_K, Q8_0, Q3_K, IQ2_XXS gain under 10 % there."""
-    return {"SWAP": True} if int(qtype) == Q4_K and not _wgmma(capability) else {}
+    return {"SWAP": True} if int(qtype) == Q4_K and mma_sync_target(capability) else {}
 
 
-def _wgmma(capability: tuple[int, int] | None) -> bool:
-    return capability is not None and capability[0] == 9
+def mma_sync_target(capability: tuple[int, int] | None) -> bool:
+    """Whether ``tl.dot`` lowers to mma.sync on a GPU of this capability: sm_80-89 and sm_120/121, the targets the
+    tuned tiles are for (None: the interpreter, tuned as one).  sm_90 (wgmma) and sm_100 (tcgen05) keep the untuned
+    tiles: the tuning was derived from mma.sync SASS, and on the H200 it measured slower."""
+    return capability is None or capability[0] in (8, 12)
 
 
 def prefill_pass_tuning(qtype: int, gated: bool, capability: tuple[int, int] | None) -> dict:
     """The prefill-tile pass's overrides of PREFILL_TUNING for weights of ``qtype`` (gated: the w13 pass) on a GPU of
     ``capability`` (None: the interpreter, tuned as an mma.sync target)."""
-    if _wgmma(capability):
+    if not mma_sync_target(capability):
         return {}
     if int(qtype) == Q4_K:
         return {"SWAP": True}
@@ -1119,11 +1132,15 @@ SELF_REDUCING_MAX_BLOCK_M = 32
 DEQUANT_CHUNK_BYTES = 64 << 20
 
 
-def linear_plan(m: int, n: int, k: int, num_sms: int, tuning: dict | None = None) -> dict:
-    """Launch plan of :func:`gguf_linear` for an M x N x K call (pure: the tests and the bench use it)."""
+def linear_plan(m: int, n: int, k: int, num_sms: int, tuning: dict | None = None, qtype: int | None = None,
+                capability: tuple[int, int] | None = None) -> dict:
+    """Launch plan of :func:`gguf_linear` for an M x N x K call (pure: the tests and the bench use it).  With
+    ``qtype``, a tile plan carries linear_tile_tuning(qtype, capability) under the explicit ``tuning``."""
     steps = k // STEP_K
     if m > DENSE_DEQUANT_MIN_M and not tuning:
         return dict(dequant=True)
+    if qtype is not None:
+        tuning = {**linear_tile_tuning(qtype, capability), **(tuning or {})}
     if m <= 16:
         t = {**DECODE_TUNING, "BLOCK_M": 16, **(tuning or {})}
     elif m <= 32:
@@ -1136,7 +1153,8 @@ def linear_plan(m: int, n: int, k: int, num_sms: int, tuning: dict | None = None
     split, per_split = _split(tiles, steps, num_sms, t["ctas_per_sm"]) if m <= 64 else (1, steps)
     return dict(dequant=False, BLOCK_M=t["BLOCK_M"], BLOCK_N=t["BLOCK_N"], num_warps=t["num_warps"],
                 num_stages=t["num_stages"], split=split, steps_per_split=per_split,
-                self_reduce=t.get("self_reduce", t["BLOCK_M"] <= SELF_REDUCING_MAX_BLOCK_M))
+                self_reduce=t.get("self_reduce", t["BLOCK_M"] <= SELF_REDUCING_MAX_BLOCK_M),
+                SWAP=t.get("SWAP", False))
 
 
 # Dequantization to 16 bits (dense prefill linears, prefill MoEs): rows a program, 128-value steps a program.
@@ -1181,9 +1199,7 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int, n: int | Non
         return gguf_mma.linear(x, qweight, qtype, n, _num_sms(x.device), grid_table=_grid_arg(qtype, qweight),
                                packed=packed)
     if plan is None:
-        plan = linear_plan(m, n, k, _num_sms(x.device))
-        if not plan["dequant"]:
-            plan.update(linear_tile_tuning(qtype, _capability(x.device)))
+        plan = linear_plan(m, n, k, _num_sms(x.device), qtype=qtype, capability=_capability(x.device))
     if plan["dequant"]:
         rows = max(32, DEQUANT_CHUNK_BYTES // (k * x.element_size()) // 32 * 32)
         scratch = torch.empty(min(rows, n), k, dtype=x.dtype, device=x.device)
@@ -1234,6 +1250,13 @@ def mma_decode(qtype: int, k: int, dtype: torch.dtype, mma: bool | None = None,
             and (weight is None or gguf_mma.aligned(weight, qtype, packed)))
 
 
+def mma_moe_block_rows(rows: float, qtype13: int, qtype2: int) -> int:
+    """moe_align's block on the register-MMA kernels for ``rows`` rows an expert (gguf_mma.cols_for), at most
+    kernel_coverage.MMA_MOE_MAX_BLOCK_ROWS of either type."""
+    cap = min(MMA_MOE_MAX_BLOCK_ROWS.get(int(q), gguf_mma.COLUMN_BLOCKS[-1]) for q in (qtype13, qtype2))
+    return min(gguf_mma.cols_for(rows), cap)
+
+
 def moe_align(topk_ids: torch.Tensor, block_m: int, num_experts: int):
     """Routed rows grouped by expert, each expert's group padded to whole ``block_m`` blocks, in torch ops with
     no host synchronisation (CUDA-graph safe, fixed output sizes).
@@ -1267,21 +1290,27 @@ MOE_DIRECT_MAX_TOKENS = 4
 
 
 def moe_plan(num_tokens: int, top_k: int, num_experts: int, tuning: dict | None = None,
-             decode: bool | None = None, dequant: bool = False) -> dict:
+             decode: bool | None = None, dequant: bool = False, qtypes: tuple[int, int] | None = None,
+             capability: tuple[int, int] | None = None) -> dict:
     """Launch plan of :func:`gguf_moe`.  While experts see a few rows each (decode) the w13 pass is split over K
     like a decode linear (SiLU applied after the split sum); once experts are shared by many tokens, 16-row
     blocks waste the MMAs, so rows come in larger blocks and gate/up are fused with SiLU in one tile.  ``decode``
     forces the regime (the bench's A/B of the two above the threshold); ``dequant`` takes the prefill regime with
-    the experts dequantized (:func:`_moe_dequantized`)."""
+    the experts dequantized (:func:`_moe_dequantized`).  With ``qtypes`` (w13's, w2's), a prefill-tile plan carries
+    each pass's prefill_pass_tuning on a GPU of ``capability`` ("w13", "w2"; an explicit ``tuning`` of the same
+    keys wins)."""
     if dequant:   # tuning: MOE_DEQUANT_TUNING's keys; a plan may add "chunk_bytes" (MOE_DEQUANT_CHUNK_BYTES)
         return {"dequant": True, "dequant_tuning": dict(tuning or {})}
     rows_per_expert = num_tokens * top_k / num_experts
     if decode if decode is not None else rows_per_expert <= MOE_DECODE_MAX_ROWS_PER_EXPERT:
-        t = {**DECODE_TUNING, "BLOCK_M": 16, "BLOCK_N_W2": DECODE_TUNING["BLOCK_N"], "fused_gate": False,
+        t = {**DECODE_TUNING, "BLOCK_M": 16, "fused_gate": False,
              **(tuning or {})}
     else:
-        t = {**PREFILL_TUNING, "BLOCK_N_W2": PREFILL_TUNING["BLOCK_N"], "fused_gate": True,
+        t = {**PREFILL_TUNING, "fused_gate": True,
              "ctas_per_sm": 1, **(tuning or {})}
+        if qtypes is not None:
+            for name, qtype, gated in (("w13", qtypes[0], True), ("w2", qtypes[1], False)):
+                t[name] = {**prefill_pass_tuning(qtype, gated, capability), **t.get(name, {})}
     return t
 
 
@@ -1362,11 +1391,12 @@ def gguf_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights:
     pairs = t * top_k
     act = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
     _tile_pass(x, w13, qtype13, act, (sorted_ids, expert_ids, num_padded), plan, n=inter, split=1,
-               per_split=h // STEP_K, num_valid=pairs, a_row_div=top_k, gated=True, packed=packed13)
+               per_split=h // STEP_K, num_valid=pairs, a_row_div=top_k, gated=True, packed=packed13,
+               tuning=plan.get("w13"))
     down = torch.empty(pairs, h, dtype=x.dtype, device=x.device)  # rounded once before the top-k sum
     _tile_pass(act, w2, qtype2, down, (sorted_ids, expert_ids, num_padded), plan, n=h, split=1,
-               per_split=inter // STEP_K, num_valid=pairs, route_w=topk_weights.reshape(-1), bn=plan["BLOCK_N_W2"],
-               packed=packed2)
+               per_split=inter // STEP_K, num_valid=pairs, route_w=topk_weights.reshape(-1), packed=packed2,
+               tuning=plan.get("w2"))
     return torch.sum(down.view(t, top_k, h), dim=1, out=out)
 
 
@@ -1378,12 +1408,8 @@ def chosen_moe_plan(num_tokens: int, top_k: int, dtype: torch.dtype, w13: torch.
     h, inter = w2.shape[1], two_i // 2
     rows = num_tokens * top_k / e
     mma = _mma_regime(rows, dtype, w13, w2, qtype13, qtype2, h, inter, packed)
-    plan = moe_plan(num_tokens, top_k, e, decode=mma, dequant=not mma and _dequant_regime(rows, dtype, qtype13, qtype2))
-    if plan.get("fused_gate") and not plan.get("dequant"):   # the prefill tiles: each pass tuned to its type
-        cap = _capability(w13.device)
-        plan["w13"] = prefill_pass_tuning(qtype13, True, cap)
-        plan["w2"] = prefill_pass_tuning(qtype2, False, cap)
-    return plan
+    return moe_plan(num_tokens, top_k, e, decode=mma, dequant=not mma and _dequant_regime(rows, dtype, qtype13, qtype2),
+                    qtypes=(qtype13, qtype2), capability=_capability(w13.device))
 
 
 def moe_regime(plan: dict) -> str:
@@ -1416,17 +1442,15 @@ def _mma_regime(rows_per_expert: float, dtype, w13, w2, qtype13: int, qtype2: in
 
 
 def _tile_pass(a, w, qtype: int, out, route, plan: dict, *, n: int, split: int, per_split: int, num_valid: int,
-               a_row_div: int = 1, gated: bool = False, route_w=None, final=None, bn: int | None = None,
-               packed: bool = False) -> None:
+               a_row_div: int = 1, gated: bool = False, route_w=None, final=None, packed: bool = False,
+               tuning: dict | None = None) -> None:
     """One launch of the tile MoE kernel over moe_align's blocks of plan["BLOCK_M"] rows: gated (w13 unsplit, n =
     I: out = the activations), a product (out rows, times route_w when given) or, with final, w13 split over K
-    (float32 planes out [split, rows, n = 2 I], gated by the last program of each gate/up tile pair into final)."""
+    (float32 planes out [split, rows, n = 2 I], gated by the last program of each gate/up tile pair into final).
+    tuning: this pass's overrides of the plan (a prefill plan's "w13" / "w2": prefill_pass_tuning)."""
     sorted_ids, expert_ids, num_padded = route
-    tuned = plan.get("w13" if gated else "w2")  # a prefill plan's tuning of this pass (prefill_pass_tuning)
-    if tuned:
-        plan = {**plan, **tuned}
-        bn = tuned.get("BLOCK_N", bn)
-    bn = bn or plan["BLOCK_N"]
+    plan = {**plan, **(tuning or {})}
+    bn = plan["BLOCK_N"]
     grid = (expert_ids.numel() * triton.cdiv(n, bn), split)
     _moe_kernel[grid](
         a, w, _grid_arg(qtype, w), out, route_w if route_w is not None else a, sorted_ids, expert_ids, num_padded,
@@ -1465,7 +1489,7 @@ def _moe_decode(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan: dict,
     direct = fused and plan.get("direct", t <= MOE_DIRECT_MAX_TOKENS)
     # rows of a sorted block on the register MMA: for twice the mean rows an expert (experts' shares of a uniform
     # routing spread around the mean; kernel_coverage's session-12 table: 16-row blocks fastest at 8 rows an expert)
-    cols = plan.get("mma_cols") or gguf_mma.cols_for(2 * pairs / e)
+    cols = plan.get("mma_cols") or mma_moe_block_rows(2 * pairs / e, qtype13, qtype2)
     routes: dict[int, tuple] = {}
 
     def sorted_route(block_m: int) -> tuple:
@@ -1523,8 +1547,7 @@ def _moe_decode(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan: dict,
                         tuning=tuning2, cols=cols, packed=packed2)
     else:
         _tile_pass(act, w2, qtype2, down, sorted_route(plan["BLOCK_M"]), plan, n=h, split=1,
-                   per_split=inter // STEP_K, num_valid=pairs, route_w=route_w, bn=plan["BLOCK_N_W2"],
-                   packed=packed2)
+                   per_split=inter // STEP_K, num_valid=pairs, route_w=route_w, packed=packed2)
     return torch.sum(down.view(t, top_k, h), dim=1, out=out)
 
 
@@ -1558,15 +1581,21 @@ def kernel_configs() -> list[dict]:
     signature, constexprs, num_warps, num_stages, divisible_by_16 (argument names the runtime specialises)."""
     cfgs = []
     for qt in SUPPORTED_TYPES:
+        # every tile linear untuned, and again as the mma.sync targets run it (linear_tile_tuning; family "mma":
+        # compiled for those targets only)
+        tunings = [{}] + ([linear_tile_tuning(qt, None)] if linear_tile_tuning(qt, None) else [])
         for bm, t, reduce in ((16, DECODE_TUNING, False), (16, DECODE_TUNING, True), (32, DECODE_TUNING, False),
                               (32, DECODE_TUNING, True), (64, DECODE_TUNING, False),
                               (PREFILL_TUNING["BLOCK_M"], PREFILL_TUNING, False)):
-            sig = {**_LINEAR_SIG, "out_ptr": "*fp32"} if reduce else _LINEAR_SIG
-            cfgs.append(dict(name=f"linear q{qt} m{bm}{' split-K reduced' if reduce else ''}", kernel=_linear_kernel,
-                             signature=sig, constexprs=dict(QTYPE=qt, BLOCK_M=bm, BLOCK_N=t["BLOCK_N"],
-                                                            DOT_PRECISION="tf32", REDUCE=reduce),
-                             num_warps=t["num_warps"], num_stages=t["num_stages"],
-                             divisible_by_16=("x_ptr", "w_ptr", "grid_ptr", "out_ptr", "stride_xm", "stride_om")))
+            for tun in tunings:
+                sig = {**_LINEAR_SIG, "out_ptr": "*fp32"} if reduce else _LINEAR_SIG
+                cfgs.append(dict(name=f"linear q{qt} m{bm} s{t['num_stages']}{' split-K reduced' if reduce else ''}"
+                                      f"{' mma' if tun else ''}", kernel=_linear_kernel, signature=sig,
+                                 constexprs=dict(QTYPE=qt, BLOCK_M=bm, BLOCK_N=t["BLOCK_N"], DOT_PRECISION="tf32",
+                                                 REDUCE=reduce, **tun),
+                                 num_warps=t["num_warps"], num_stages=t["num_stages"],
+                                 divisible_by_16=("x_ptr", "w_ptr", "grid_ptr", "out_ptr", "stride_xm", "stride_om"),
+                                 **({"family": "mma"} if tun else {})))
         cfgs.append(dict(name=f"dequant q{qt}", kernel=_dequant_kernel, signature=_DEQUANT_SIG,
                          constexprs=dict(QTYPE=qt, BLOCK_N=DEQUANT_TUNING["BLOCK_N"]),
                          num_warps=DEQUANT_TUNING["num_warps"], num_stages=DEQUANT_TUNING["num_stages"],
@@ -1576,7 +1605,7 @@ def kernel_configs() -> list[dict]:
             # (BLOCK_N, GATED, ROUTE_WEIGHTED, REDUCE): w13 (decode: planes, gated by the reduction; also unreduced
             # for the SiLU launch when I is not a multiple of BLOCK_N), w2
             variants = ([(p["BLOCK_N"], False, False, True), (p["BLOCK_N"], False, False, False)] if decode
-                        else [(p["BLOCK_N"], True, False, False)]) + [(p["BLOCK_N_W2"], False, True, False)]
+                        else [(p["BLOCK_N"], True, False, False)]) + [(p["BLOCK_N"], False, True, False)]
             for bn, gated, weighted, reduce in variants:
                 planes = decode and not weighted
                 name = (f"moe q{qt} m{p['BLOCK_M']} n{bn}{' gated' if gated else ''}"
@@ -1587,32 +1616,21 @@ def kernel_configs() -> list[dict]:
                                  constexprs=dict(QTYPE=qt, BLOCK_M=p["BLOCK_M"], BLOCK_N=bn, GATED=gated,
                                                  ROUTE_WEIGHTED=weighted, DOT_PRECISION="tf32", REDUCE=reduce),
                                  divisible_by_16=("x_ptr", "w_ptr", "grid_ptr", "out_ptr", "stride_xm", "stride_om")))
-        if linear_tile_tuning(qt, None):   # the dense tiles' mma.sync tuning (linear_tile_tuning)
-            for bm, t, reduce in ((16, DECODE_TUNING, True), (32, DECODE_TUNING, True), (64, DECODE_TUNING, False),
-                                  (64, PREFILL_TUNING, False)):
-                cfgs.append(dict(name=f"linear q{qt} m{bm} s{t['num_stages']}{' split-K reduced' if reduce else ''} "
-                                      "mma", kernel=_linear_kernel,
-                                 signature={**_LINEAR_SIG, "out_ptr": "*fp32"} if reduce else _LINEAR_SIG,
-                                 family="mma", num_warps=t["num_warps"], num_stages=t["num_stages"],
-                                 constexprs=dict(QTYPE=qt, BLOCK_M=bm, BLOCK_N=t["BLOCK_N"], DOT_PRECISION="tf32",
-                                                 REDUCE=reduce, **linear_tile_tuning(qt, None)),
-                                 divisible_by_16=("x_ptr", "w_ptr", "grid_ptr", "out_ptr", "stride_xm", "stride_om")))
-        # the prefill tiles tuned per pass (prefill_pass_tuning), for the targets of each tensor-core family only
-        # (family: "wgmma" sm_90, "mma" the others); at most PREFILL_MAX_STACK bytes of stack a thread
-        p = moe_plan(4096, 8, 256)
-        for family, cap in (("mma", None), ("wgmma", (9, 0))):
-            for gated in (True, False):
-                tun = prefill_pass_tuning(qt, gated, cap)
-                if not tun:
-                    continue
-                c = {**PREFILL_TUNING, **tun}
-                cfgs.append(dict(name=f"moe q{qt} prefill {'w13' if gated else 'w2'} {family}", kernel=_moe_kernel,
-                                 signature=_MOE_SIG, num_warps=c["num_warps"], num_stages=c["num_stages"],
-                                 family=family, max_stack=PREFILL_MAX_STACK,
-                                 constexprs=dict(QTYPE=qt, BLOCK_M=p["BLOCK_M"], BLOCK_N=c["BLOCK_N"], GATED=gated,
-                                                 ROUTE_WEIGHTED=not gated, DOT_PRECISION="tf32", REDUCE=False,
-                                                 SWAP=c.get("SWAP", False)),
-                                 divisible_by_16=("x_ptr", "w_ptr", "grid_ptr", "out_ptr", "stride_xm", "stride_om")))
+        # the prefill tiles tuned per pass for the mma.sync targets (prefill_pass_tuning; family "mma"), at most
+        # PREFILL_MAX_STACK bytes of stack a thread
+        p = moe_plan(4096, 8, 256, qtypes=(qt, qt), capability=None)
+        for gated in (True, False):
+            tun = p["w13" if gated else "w2"]
+            if not tun:
+                continue
+            c = {**p, **tun}
+            cfgs.append(dict(name=f"moe q{qt} prefill {'w13' if gated else 'w2'} mma", kernel=_moe_kernel,
+                             signature=_MOE_SIG, num_warps=c["num_warps"], num_stages=c["num_stages"],
+                             family="mma", max_stack=PREFILL_MAX_STACK,
+                             constexprs=dict(QTYPE=qt, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], GATED=gated,
+                                             ROUTE_WEIGHTED=not gated, DOT_PRECISION="tf32", REDUCE=False,
+                                             SWAP=c.get("SWAP", False)),
+                             divisible_by_16=("x_ptr", "w_ptr", "grid_ptr", "out_ptr", "stride_xm", "stride_om")))
     # weights repacked at load (gguf_mma.PACKERS' types): every tile variant again on their layout
     cfgs += [dict(c, name=f"{c['name']} packed", constexprs=dict(c["constexprs"], PACKED=True)) for c in list(cfgs)
              if c["constexprs"]["QTYPE"] in gguf_mma.PACKERS]

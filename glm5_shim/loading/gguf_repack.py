@@ -1,7 +1,9 @@
-"""Q8_0 and Q6_K weights repacked once after loading, so the shim's kernels read their codes in 16-byte loads.
+"""Q8_0, Q6_K, IQ2_XXS and IQ2_S weights repacked once after loading, so the shim's kernels read their codes in
+aligned loads.
 
-The file's Q8_0 (34-byte) and Q6_K (210-byte) blocks are only 2-byte aligned; ``kernels/gguf_mma.pack`` moves the
-same bytes into a layout whose code bytes are 16-byte aligned (bit-equal products; the measurements are in
+The file's Q8_0 (34-byte), Q6_K (210-byte), IQ2_XXS (66-byte) and IQ2_S (82-byte) blocks are only 2-byte aligned;
+``kernels/gguf_mma.pack`` moves the same bytes into a layout whose code bytes are 16-byte (IQ2: 8-byte) aligned
+(bit-equal products; the measurements are in
 ``gguf/kernel_coverage.LOAD_PACKED_TYPES``).  A repacked weight's type becomes ``packed_type(type)`` in its layer
 (``qweight_type.weight_type``, a merged linear's ``shard_weight_type``, a MoE's ``w13_qweight_type`` /
 ``w2_qweight_type``): vLLM's GGUF methods pass that type to the shim's drop-ins, which read the weight packed and
@@ -10,7 +12,8 @@ never hand it to vLLM's kernels.
 Only where the shim's kernels compute GGUF matmuls (``GLM5_SHIM_GGUF_KERNELS=shim``, the gguf-kernels patch
 applied) and ``GLM5_SHIM_GGUF_PACK`` is on; linears (lm_head included) and experts only: an embedding lookup is
 vLLM's and reads the file's layout.  In place where the packed rows are as long as the file's (every Q8_0 weight;
-Q6_K at K a multiple of 2048), otherwise (Q6_K rows padded to 16 bytes: a TP-8 expert's w2) into a new tensor a
+Q6_K at K a multiple of 2048, IQ2_XXS of 1024, IQ2_S of 1024), otherwise (rows padded to 16 or 8 bytes: a TP-8
+expert's w2) into a new tensor a
 weight at a time: peak memory is the weights plus the largest repacked weight (one layer's experts).
 """
 from __future__ import annotations
@@ -43,8 +46,8 @@ class RepackTally:
 
     def summary(self) -> str:
         types = ", ".join(f"{n} {name}" for name, n in sorted(self.by_type.items()))
-        return (f"repacked {self.tensors} GGUF weights ({types}; {self.bytes / 2**30:.2f} GiB) for 16-byte loads in "
-                f"{self.seconds:.2f} s (GLM5_SHIM_GGUF_PACK=0 keeps the file's layout)")
+        return (f"repacked {self.tensors} GGUF weights ({types}; {self.bytes / 2**30:.2f} GiB) for aligned code "
+                f"loads in {self.seconds:.2f} s (GLM5_SHIM_GGUF_PACK=0 keeps the file's layout)")
 
 
 def packing_enabled() -> bool:

@@ -73,11 +73,13 @@ def test_the_line_warns_when_vllms_kernels_would_decode_iq3_s():
 
 
 def test_the_line_says_which_types_are_repacked_at_load(monkeypatch):
-    """Q8_0 and Q6_K weights the shim's kernels compute are repacked at load (loading/gguf_repack.py) unless
-    GLM5_SHIM_GGUF_PACK=0 or vLLM's kernels compute them; other types never."""
+    """Q8_0, Q6_K, IQ2_XXS and IQ2_S weights the shim's kernels compute are repacked at load
+    (loading/gguf_repack.py) unless GLM5_SHIM_GGUF_PACK=0 or vLLM's kernels compute them; other types never."""
     paths = {"shim": {"Q4_K": 3, "Q6_K": 1, "Q8_0": 2}, "vllm": {}}
     monkeypatch.delenv("GLM5_SHIM_GGUF_PACK", raising=False)
     assert "; Q6_K/Q8_0 linear and expert weights repacked at load" in format_matmul_paths(paths)
+    iq = format_matmul_paths({"shim": {"IQ2_XXS": 5, "IQ2_S": 2, "IQ3_XXS": 1}, "vllm": {}})
+    assert "; IQ2_XXS/IQ2_S linear and expert weights repacked at load" in iq, iq
     assert "repacked" not in format_matmul_paths({"shim": {"Q4_K": 3}, "vllm": {}})
     monkeypatch.setenv("GLM5_SHIM_GGUF_PACK", "0")
     assert "repacked" not in format_matmul_paths(paths)

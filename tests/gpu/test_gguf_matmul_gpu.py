@@ -90,14 +90,17 @@ def _moe_case(qtype13, qtype2, e, h, inter, t, top_k, g, hot=None):
 @pytest.mark.parametrize("types", [("Q4_K", "Q6_K"), ("Q5_K", "Q8_0"), ("Q6_K", "Q6_K"), ("Q8_0", "Q4_K"),
                                    ("Q2_K", "Q3_K"), ("IQ4_XS", "IQ4_NL"), ("IQ2_XXS", "IQ3_XXS"),
                                    ("IQ2_S", "IQ3_S"), ("IQ2_XS", "Q4_K"), ("IQ1_S", "IQ1_M"),
-                                   ("Q4_0", "Q5_0"), ("Q4_1", "Q5_1")])
+                                   ("Q4_0", "Q5_0"), ("Q4_1", "Q5_1"), ("IQ3_XXS", "IQ3_S"), ("Q2_K", "Q2_K")])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_moe_vs_float64(types, dtype):
+    """gguf_moe on the plans serving takes (chosen_moe_plan): decode, 9 and 50 rows an expert (the register-MMA
+    kernels past the common threshold where both types run there), 75 (prefill tiles or dequantized experts), one
+    expert group hot."""
     gm, ref = _mods()
     q13, q2 = getattr(gm, types[0]), getattr(gm, types[1])
     g = torch.Generator().manual_seed(q13 * 31 + q2)
     e, h, inter, top_k = 32, 1024, 256, 8
-    for t, hot in ((1, None), (5, None), (37, None), (300, None), (64, 3)):
+    for t, hot in ((1, None), (5, None), (37, None), (200, None), (300, None), (64, 3)):
         w13, w2, x, ids, wts = _moe_case(q13, q2, e, h, inter, t, top_k, g, hot)
         got = gm.gguf_moe(x.to(dtype).cuda(), w13.cuda(), w2.cuda(), wts.cuda(), ids.cuda(), q13, q2)
         want = ref.moe_reference(x.to(dtype), w13, w2, wts, ids, q13, q2)
@@ -119,8 +122,9 @@ def test_tiles_tuned_for_mma_sync_targets_vs_float64(types, dtype):
     w13, w2, x, ids, wts = _moe_case(q13, q2, e, h, inter, t, top_k, g)
     want = ref.moe_reference(x.to(dtype), w13, w2, wts, ids, q13, q2)
     base = gm.moe_plan(t, top_k, e)
-    for w13_t, w2_t in ((gm.prefill_pass_tuning(q13, True, None), gm.prefill_pass_tuning(q2, False, None)),
-                        ({"SWAP": True}, {"SWAP": True}), ({"BLOCK_N": 32, "num_warps": 8, "SWAP": True}, {})):
+    served = gm.moe_plan(t, top_k, e, qtypes=(q13, q2), capability=None)   # as an mma.sync target serves it
+    for w13_t, w2_t in ((served["w13"], served["w2"]), ({"SWAP": True}, {"SWAP": True}),
+                        ({"BLOCK_N": 32, "num_warps": 8, "SWAP": True}, {})):
         plan = {**base, "w13": w13_t, "w2": w2_t}
         got = gm.gguf_moe(x.to(dtype).cuda(), w13.cuda(), w2.cuda(), wts.cuda(), ids.cuda(), q13, q2, plan=plan)
         err = _rel(got, want)
@@ -129,6 +133,9 @@ def test_tiles_tuned_for_mma_sync_targets_vs_float64(types, dtype):
     for m in (16, 40, 100):
         xm = torch.randn(m, h, generator=g).to(dtype)
         plan = {**gm.linear_plan(m, w.shape[0], h, 132, tuning={"BLOCK_M": 64} if m == 100 else None), "SWAP": True}
+        if q13 == gm.Q4_K:   # what an mma.sync target serves (linear_tile_tuning)
+            assert plan == gm.linear_plan(m, w.shape[0], h, 132, tuning={"BLOCK_M": 64} if m == 100 else None,
+                                          qtype=q13, capability=(12, 0))
         err = _rel(gm.gguf_linear(xm.cuda(), w.cuda(), q13, plan=plan), ref.linear_reference(xm, w, q13))
         assert err <= 3 * U[dtype], (types, dtype, m, err)
 

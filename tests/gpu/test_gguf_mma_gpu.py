@@ -201,7 +201,7 @@ def _blocks(ref, qtype, rows, k, g):
     return ref.random_blocks(qtype, rows, k, g)
 
 
-PACKED_TYPES = ["Q8_0", "Q6_K", "IQ2_XXS", "IQ2_S"]   # gguf_mma.PACKERS (the IQ2 ones for the bench until measured)
+PACKED_TYPES = ["Q8_0", "Q6_K", "IQ2_XXS", "IQ2_S"]   # gguf_mma.PACKERS, all repacked at load (LOAD_PACKED_TYPES)
 
 
 @pytest.mark.parametrize("name", PACKED_TYPES)

@@ -25,9 +25,8 @@ _SCRIPT = textwrap.dedent(
 
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     cc = int(sys.argv[1])
-    family = "wgmma" if cc // 10 == 9 else "mma"
     for cfg in gm.kernel_configs() + gguf_mma.kernel_configs():
-        if cfg.get("family", family) != family:   # tuned for the other tensor-core family's targets
+        if cfg.get("family") == "mma" and not gm.mma_sync_target((cc // 10, cc % 10)):   # tuned for mma.sync only
             continue
         kernel = cfg["kernel"]
         names = kernel.arg_names

@@ -269,7 +269,8 @@ def _experts(w13: torch.Tensor, q13: int, w2: torch.Tensor, q2: int, method):
 def test_repacked_weights_run_packed_and_give_the_file_layouts_outputs(patched, monkeypatch):
     """loading/gguf_repack.repack_model on vLLM's GGUF layers as its loader leaves them: a merged Q8_0 + Q6_K
     linear (both shards in place, their types recorded packed), a Q6_K linear at K = 256 (rows grow from 210 to 224
-    bytes: a new tensor), a Q4_K linear (no packed layout: untouched), an embedding (vLLM's lookup reads the file's
+    bytes: a new tensor), an IQ2_XXS linear at K = 256 (rows from 66 to 72 bytes), a Q4_K linear (no packed layout:
+    untouched), an embedding (vLLM's lookup reads the file's
     layout: untouched), experts of Q8_0 w13 and a Q6_K w2 at K = 256.  Every weight is pack()'s bytes of the file's;
     vLLM's patched apply and fused_moe_gguf read them packed and give the file layout's outputs bit for bit; a second
     pass repacks nothing; packing is off with GLM5_SHIM_GGUF_PACK=0 or vLLM's kernels."""
@@ -285,6 +286,7 @@ def test_repacked_weights_run_packed_and_give_the_file_layouts_outputs(patched, 
     b = ref.quantized_blocks(gm.Q6_K, torch.randn(40, 2048, generator=g) * 0.02)
     c = ref.quantized_blocks(gm.Q6_K, torch.randn(24, 256, generator=g) * 0.02)
     d = ref.random_blocks(gm.Q4_K, 16, 256, g)
+    f = ref.random_blocks(gm.IQ2_XXS, 16, 256, g)
     e13 = torch.stack([ref.quantized_blocks(gm.Q8_0, torch.randn(512, 256, generator=g) * 0.02) for _ in range(4)])
     e2 = torch.stack([ref.quantized_blocks(gm.Q6_K, torch.randn(256, 256, generator=g) * 0.02) for _ in range(4)])
     moe_method = patched.GGUFMoEMethod.__new__(patched.GGUFMoEMethod)
@@ -294,8 +296,9 @@ def test_repacked_weights_run_packed_and_give_the_file_layouts_outputs(patched, 
         root.merged = _merged_layer([(a, gm.Q8_0), (b, gm.Q6_K)], method)
         root.single = _single_linear(c, gm.Q6_K)
         root.q4k = _single_linear(d, gm.Q4_K)
+        root.iq2 = _single_linear(f, gm.IQ2_XXS)
         root.embed = _single_linear(c, gm.Q6_K, VocabParallelEmbedding)
-        for name in ("merged", "single", "q4k", "embed"):
+        for name in ("merged", "single", "q4k", "iq2", "embed"):
             getattr(root, name).quant_method = patched.GGUFEmbeddingMethod(patched.GGUFConfig()) \
                 if name == "embed" else method
         root.experts = _experts(e13, gm.Q8_0, e2, gm.Q6_K, moe_method)
@@ -304,14 +307,16 @@ def test_repacked_weights_run_packed_and_give_the_file_layouts_outputs(patched, 
     assert gguf_repack.packing_enabled()
     file_, packed = build(), build()
     tally = gguf_repack.repack_model(packed, device_types=("cpu",))
-    assert tally.tensors == 5 and tally.by_type == {"Q8_0": 2, "Q6_K": 3}, tally
-    assert "repacked 5 GGUF weights" in tally.summary()
+    assert tally.tensors == 6 and tally.by_type == {"Q8_0": 2, "Q6_K": 3, "IQ2_XXS": 1}, tally
+    assert "repacked 6 GGUF weights" in tally.summary()
     types = packed.merged.qweight_type.shard_weight_type
     assert types == {0: packed_type(gm.Q8_0), 1: packed_type(gm.Q6_K)}
     assert torch.equal(packed.merged.qweight[:48], gguf_mma.pack(a, gm.Q8_0))
     assert torch.equal(packed.merged.qweight[48:, :1680], gguf_mma.pack(b, gm.Q6_K))
     assert packed.single.qweight.shape == (24, 224) and torch.equal(packed.single.qweight, gguf_mma.pack(c, gm.Q6_K))
     assert is_packed(packed.single.qweight_type.weight_type)
+    assert torch.equal(packed.iq2.qweight, gguf_mma.pack(f, gm.IQ2_XXS)) and packed.iq2.qweight.shape[1] > f.shape[1]
+    assert packed.iq2.qweight_type.weight_type == packed_type(gm.IQ2_XXS)
     for untouched in ("q4k", "embed"):
         assert torch.equal(getattr(packed, untouched).qweight, getattr(file_, untouched).qweight)
         assert not is_packed(getattr(packed, untouched).qweight_type.weight_type)
@@ -323,6 +328,7 @@ def test_repacked_weights_run_packed_and_give_the_file_layouts_outputs(patched, 
         assert torch.equal(method.apply(packed.merged, x), method.apply(file_.merged, x)), rows
         x = x[:, :256]
         assert torch.equal(method.apply(packed.single, x), method.apply(file_.single, x)), rows
+        assert torch.equal(method.apply(packed.iq2, x), method.apply(file_.iq2, x)), rows
     from glm5_shim.matmul import gguf_ops
     import vllm.model_executor.layers.fused_moe.moe_align_block_size as align_module
 

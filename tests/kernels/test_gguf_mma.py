@@ -238,7 +238,7 @@ def test_moe_decode_in_two_launches(monkeypatch, direct, splits):
 def test_moe_past_the_decode_threshold_stays_on_the_register_mma_kernels_where_measured_faster(monkeypatch):
     """6 rows an expert (16 tokens x top 3 of 8 experts), past MOE_DECODE_MAX_ROWS_PER_EXPERT: a Q4_K MoE and the
     UD-IQ2_M mix stay in the decode regime on the register-MMA kernels (kernel_coverage.MMA_MOE_MAX_ROWS_PER_EXPERT),
-    sorted into 8-row blocks; Q4_K with a Q2_K down projection (no register-MMA kernel for Q2_K), any MoE with
+    sorted into 8-row blocks; Q4_K with an IQ4_XS down projection (no register-MMA kernel for IQ4_XS), any MoE with
     GLM5_SHIM_GGUF_DECODE=tile, and Q4_K past its own limit (18 rows: 48 tokens) take the prefill tiles; float64
     reference either way."""
     from glm5_shim.gguf.kernel_coverage import MMA_MOE_MAX_ROWS_PER_EXPERT
@@ -249,8 +249,10 @@ def test_moe_past_the_decode_threshold_stays_on_the_register_mma_kernels_where_m
     launched = []
     real = mma.launch
     monkeypatch.setattr(mma, "launch", lambda *a, **kw: (launched.append(kw.get("routing", 0)), real(*a, **kw))[1])
-    for (q13, q2), t, decode, want_mma in ((("Q4_K", "Q4_K"), 16, "mma", True), (("IQ2_XXS", "IQ2_S"), 16, "mma", True),
-                                           (("Q4_K", "Q2_K"), 16, "mma", False), (("Q4_K", "Q4_K"), 16, "tile", False),
+    for (q13, q2), t, decode, want_mma in ((("Q4_K", "Q4_K"), 16, "mma", True),
+                                           (("IQ2_XXS", "IQ2_S"), 16, "mma", True),
+                                           (("Q4_K", "IQ4_XS"), 16, "mma", False),
+                                           (("Q4_K", "Q4_K"), 16, "tile", False),
                                            (("Q4_K", "Q4_K"), 48, "mma", False)):
         monkeypatch.setenv("GLM5_SHIM_GGUF_DECODE", decode)
         q13, q2 = getattr(gm, q13), getattr(gm, q2)
