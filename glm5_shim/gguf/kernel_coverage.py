@@ -69,7 +69,7 @@ MMA_LINEAR_MAX_ROWS = {int(_T.IQ2_XXS): 32, int(_T.IQ2_S): 32, int(_T.IQ3_XXS): 
 #   32 (T = 1024):      Q4_K 1250 / 1109 / 1103, 926;  Q5_K 1557 / 1246 / 1248, 1027;  Q6_K 2484 / 1573 / 1212, 3020;
 #                       Q8_0 3629 / 2291 / 1641, 1541;  IQ2_XXS 2110 / 1381 / 1186, 2513
 #   64 (T = 2048):      Q6_K 4619 / 2814 / 2027, 4288;  IQ2_XXS 3961 / 2497 / 2007, 3706 (dequantized: 2377, 2125)
-# (IQ2_S: IQ2_XXS's limit, not measured past 8 rows.)  H100, session 23 (bench/results/2026-12-06-s23-moe.md),
+# (IQ2_S: IQ2_XXS's limit, not measured past 8 rows.)  H100, session 23 (bench/RESULTS.md),
 # register-MMA in blocks of 8 / 16 / 32 rows, prefill tiles, dequantized (vLLM on bf16 weights 870 / 897 / 997):
 #   8 rows (T = 256):   IQ3_XXS 580 / 480 / 642, 3808, 2163;  IQ3_S 656 / 548 / 653, 4203, 2201;
 #                       Q2_K 406 / 341 / 491, 1114, 2155
