@@ -104,11 +104,13 @@ MMA_MOE_MAX_BLOCK_ROWS = {int(_T.Q4_K): 16, int(_T.Q5_K): 16, int(_T.Q2_K): 16}
 # block as the measured types' do, so they switch where every measured type's dequantized path had won: IQ1/IQ3/
 # IQ2_XS (tiles already slower than the IQ2_XXS dequantized path at 8 rows) from 64 rows, the rest from 128.
 # (Q6_K and IQ2 at 64 rows: 2377 and 2125 µs dequantized against 4288 and 3706 on the tiles, where the register-MMA
-# kernels, at 64 rows the faster, do not take them.)
+# kernels, at 64 rows the faster, do not take them.)  Q2_K, H200, session 24 (bench/results/2026-12-06-s24b-*), µs
+# tiles / dequantized: 1224 / 1815 at 32 rows, 2441 / 1982 at 96 (the tiles grow 19 µs a row, the dequantized path
+# 2.6: even near 66 rows), so past its register-MMA limit (64) Q2_K dequantizes.
 MOE_DEQUANT_DEFAULT_MIN_ROWS = 128
 MOE_DEQUANT_MIN_ROWS_PER_EXPERT = {int(_T.Q4_K): 192, int(_T.Q5_K): 128, int(_T.Q6_K): 64, int(_T.Q8_0): 128,
                                    int(_T.IQ2_XXS): 64, int(_T.IQ2_S): 64, int(_T.IQ2_XS): 64, int(_T.IQ3_XXS): 64,
-                                   int(_T.IQ3_S): 64, int(_T.IQ1_S): 64, int(_T.IQ1_M): 64}
+                                   int(_T.IQ3_S): 64, int(_T.IQ1_S): 64, int(_T.IQ1_M): 64, int(_T.Q2_K): 64}
 K_MULTIPLE = 256  # the kernels step through K in half super-blocks; GLM-5's input widths are all multiples of 256
 
 
@@ -157,15 +159,19 @@ def shim_kernel_covers(ggml_type: int, k: int) -> bool:
     return file_type(ggml_type) in SHIM_KERNEL_TYPES and k % K_MULTIPLE == 0
 
 
-# Weights the loader repacks once so the kernels' code loads are 16-byte aligned (kernels/gguf_mma.pack; the same
-# bytes moved, so the products are bit-equal): the file's Q8_0 (34-byte) and Q6_K (210-byte) blocks are only 2-byte
-# aligned.  H200, TP-8 shapes, session 17 (bench/RESULTS.md), register-MMA kernels, µs file -> packed: Q8_0 MoE
-# 38 -> 22 (T = 1), 529 -> 279 (32), 718 -> 347 (64: 75 % of the floor); Q6_K MoE 33 -> 26, 379 -> 285, 508 -> 392;
-# lm_head Q8_0 104 -> 43, Q6_K 77 -> 52 (1 row; vLLM's vector kernel 60 and 64).  IQ2_XXS (66-byte) and IQ2_S
-# (82-byte) blocks, 8-byte code loads packed: H200, session 22, MoE 5-11 % faster (IQ2_XXS 266.0 -> 235.9 µs at
-# T = 32), lm_head at 32 rows 95.8 -> 81.8; H100, session 23, IQ2_XXS MoE 379 -> 353 (T = 128), 456 -> 421 (256),
-# 1056 -> 977 (1024); outputs bit-equal on every serving plan (tests/gpu/test_gguf_mma_gpu.py).  Linears and experts
-# only: vLLM's embedding lookup reads the file's layout.  GLM5_SHIM_GGUF_PACK=0 keeps the file's layout.
+# Weights the loader repacks once so the kernels' code loads are aligned (kernels/gguf_mma.pack; 16 bytes, IQ2 8; the
+# same bytes moved, so the products are bit-equal): the file's Q8_0 (34-byte) and Q6_K (210-byte) blocks are only 2-byte
+# aligned.  H200, TP-8 shapes, session 17 (bench/RESULTS.md), register-MMA kernels, µs file -> packed: Q8_0 MoE 38 -> 22
+# (T = 1), 529 -> 279 (32), 718 -> 347 (64: 75 % of the floor); Q6_K MoE 33 -> 26, 379 -> 285, 508 -> 392; lm_head Q8_0
+# 104 -> 43, Q6_K 77 -> 52 (1 row; vLLM's vector kernel 60 and 64).  IQ2_XXS (66-byte) and IQ2_S (82-byte) blocks,
+# 8-byte code loads packed: H200, session 22, MoE 5-11 % faster (IQ2_XXS 266.0 -> 235.9 µs at T = 32), lm_head at 32
+# rows 95.8 -> 81.8; H100, session 23, IQ2_XXS MoE 379 -> 353 (T = 128), 456 -> 421 (256), 1056 -> 977 (1024); H200,
+# session 24: IQ2_XXS MoE 268 -> 237 (T = 32), 668 -> 625 (512), 1072 -> 995 (1024), lm_head 44.5 -> 41.3 (1 row), 96.6
+# -> 83.0 (32); IQ2_S MoE 272 -> 254 (T = 32) and lm_head 53.0 -> 45.8 (1 row) but MoE 615 -> 667 (512) and 1003 -> 1068
+# (1024) in 32-row blocks: kept packed for decode, the 16-32-rows-an-expert prefill chunk 6-8 % slower (an IQ2_S down
+# projection alone: a third of those bytes).  Outputs bit-equal on every serving plan (tests/gpu/test_gguf_mma_gpu.py).
+# Linears and experts only: vLLM's embedding lookup reads the file's layout. GLM5_SHIM_GGUF_PACK=0 keeps the file's
+# layout.
 LOAD_PACKED_TYPES = (int(_T.Q8_0), int(_T.Q6_K), int(_T.IQ2_XXS), int(_T.IQ2_S))
 # A packed weight's type, as the loader records it in its layer (qweight_type.weight_type / shard_weight_type), so
 # that the type alone routes every call: vLLM's kernels never see it (vllm_decodes), the shim's read it packed

@@ -274,9 +274,9 @@ def test_moe_regimes_follow_the_measured_thresholds(monkeypatch):
     """Which path a MoE takes by its mean rows an expert (kernel_coverage's session-12 and -24 tables), and the
     register-MMA block it launches (cols_for twice the mean, at most MMA_MOE_MAX_BLOCK_ROWS): Q6_K on the
     register-MMA kernel to 64 rows, dequantized past it; Q4_K on the register MMA to 16 rows (in 16-row blocks), the
-    prefill tiles to 191, dequantized from 192; Q2_K on the register MMA to 64 rows (16-row blocks), the tiles below
-    128, dequantized from 128; IQ3_XXS on the register MMA to 64 rows, dequantized past it; IQ4_XS (no register-MMA
-    kernel) on the tiles below 128 rows; float32 activations never dequantized (its tiles are sized for 16 bits)."""
+    prefill tiles to 191, dequantized from 192; Q2_K on the register MMA to 64 rows (16-row blocks), dequantized
+    past it; IQ3_XXS on the register MMA to 64 rows, dequantized past it; IQ4_XS (no register-MMA kernel) on the
+    tiles below 128 rows; float32 activations never dequantized (its tiles are sized for 16 bits)."""
     from glm5_shim.kernels import gguf_mma
 
     taken = []
@@ -291,8 +291,8 @@ def test_moe_regimes_follow_the_measured_thresholds(monkeypatch):
                                     ("Q4_K", 8, f16, "mma x16"), ("Q4_K", 16, f16, "mma x16"),
                                     ("Q4_K", 32, f16, "tiles"), ("Q4_K", 128, f16, "tiles"),
                                     ("Q4_K", 256, f16, "dequant"),
-                                    ("Q2_K", 64, f16, "mma x16"), ("Q2_K", 96, f16, "tiles"),
-                                    ("Q2_K", 128, f16, "dequant"), ("Q2_K", 128, f32, "tiles"),
+                                    ("Q2_K", 64, f16, "mma x16"), ("Q2_K", 96, f16, "dequant"),
+                                    ("Q2_K", 96, f32, "tiles"),
                                     ("IQ3_XXS", 16, f16, "mma x32"), ("IQ3_XXS", 64, f16, "mma x32"),
                                     ("IQ3_XXS", 96, f16, "dequant"),
                                     ("IQ4_XS", 64, f16, "tiles"), ("IQ4_XS", 128, f16, "dequant")):
