@@ -86,6 +86,13 @@ MMA_LINEAR_MAX_ROWS = {int(_T.IQ2_XXS): 32, int(_T.IQ2_S): 32, int(_T.IQ3_XXS): 
 MMA_MOE_MAX_ROWS_PER_EXPERT = {int(_T.Q4_K): 16, int(_T.Q5_K): 16, int(_T.Q6_K): 64, int(_T.Q8_0): 16,
                                int(_T.IQ2_XXS): 64, int(_T.IQ2_S): 64, int(_T.IQ3_XXS): 64, int(_T.IQ3_S): 64,
                                int(_T.Q2_K): 64}
+def mma_moe_rows_text(types) -> str:
+    """Up to how many routed rows an expert MoEs of ``types`` (ggml type ints) stay on the register-MMA kernels, as
+    reports say it ("16-64")."""
+    limits = sorted({MMA_MOE_MAX_ROWS_PER_EXPERT.get(int(t), 4) for t in types}) or [4]
+    return str(limits[0]) if len(limits) == 1 else f"{limits[0]}-{limits[-1]}"
+
+
 # The widest moe_align block a MoE of these types takes on the register-MMA kernels (else gguf_mma.cols_for's 32
 # from 16 rows an expert): 16-row blocks were the fastest at every size measured above for Q2_K (8 / 16 / 32 / 64
 # rows: 341 / 488 / 829 / 1498 µs against 491 / 547 / 878 / 1555 in blocks of 32) and at 16 rows, the last these run

@@ -37,7 +37,7 @@ from glm5_shim import settings
 
 from .config import build_hf_config, indexer_layout
 from .kernel_coverage import (LOAD_PACKED_TYPES, MMA_DECODE_TYPES, VLLM_LINEAR_ROWS_TEXT, VLLM_MISDECODED_TYPES,
-                              VLLM_MOE_DECODE_TOKENS, kernel_path)
+                              VLLM_MOE_DECODE_TOKENS, kernel_path, mma_moe_rows_text)
 from .errors import GGUFError
 from .load_plan import MTP_FLAG, LoadPlan, mtp_draft_problem, plan_load, plan_tensors
 from . import memory
@@ -112,7 +112,8 @@ def format_matmul_paths(paths: dict[str, dict[str, int]]) -> str:
             else "GLM5_SHIM_GGUF_KERNELS=vllm")
     mma = [t for t in paths["shim"] if int(gguf.GGMLQuantizationType[t]) in MMA_DECODE_TYPES]
     if mma and settings.gguf_decode_choice() == "mma":
-        decode = (f"; decode-sized {'/'.join(mma)} products (MoEs up to 8-32 routed rows an expert) on the "
+        rows = mma_moe_rows_text(int(gguf.GGMLQuantizationType[t]) for t in mma)
+        decode = (f"; decode-sized {'/'.join(mma)} products (MoEs up to {rows} routed rows an expert) on the "
                   "register-MMA kernels (GLM5_SHIM_GGUF_DECODE=tile for the tile kernels)")
     else:
         decode = (f"; GLM5_SHIM_GGUF_DECODE=mma (the default) runs decode-sized {'/'.join(mma)} products on the "

@@ -52,11 +52,13 @@ def _apply(module, patch: Patch) -> None:
     from vllm.logger import init_logger
 
     from glm5_shim import settings
-    from glm5_shim.gguf.kernel_coverage import MMA_DECODE_TYPES, SHIM_KERNEL_TYPES, VLLM_LINEAR_ROWS_TEXT
+    from glm5_shim.gguf.kernel_coverage import (MMA_DECODE_TYPES, SHIM_KERNEL_TYPES, VLLM_LINEAR_ROWS_TEXT,
+                                                mma_moe_rows_text)
 
     names = "/".join(gguf.GGMLQuantizationType(t).name for t in SHIM_KERNEL_TYPES)
     mma = "/".join(gguf.GGMLQuantizationType(t).name for t in MMA_DECODE_TYPES)
-    decode = (f"decode-sized {mma} MoE products, up to 8-32 routed rows an expert, on the register-MMA kernels "
+    decode = (f"decode-sized {mma} MoE products, up to {mma_moe_rows_text(MMA_DECODE_TYPES)} routed rows an expert, "
+              "on the register-MMA kernels "
               "(GLM5_SHIM_GGUF_DECODE=tile for the tile kernels)" if settings.gguf_decode_choice() == "mma"
               else "decode on the tile kernels")
     init_logger("vllm.glm5_shim.gguf").info(

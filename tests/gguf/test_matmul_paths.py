@@ -54,7 +54,8 @@ def test_the_line_says_where_decode_runs_by_default_and_with_the_tile_switch(mon
     assert "Q4_K" in mma
     monkeypatch.delenv("GLM5_SHIM_GGUF_DECODE", raising=False)
     line = format_matmul_paths(paths)
-    assert f"decode-sized {mma} products (MoEs up to 8-32 routed rows an expert) on the register-MMA kernels " \
+    # kernel_coverage.MMA_MOE_MAX_ROWS_PER_EXPERT: Q4_K and Q8_0 to 16 rows an expert, Q6_K to 64
+    assert f"decode-sized {mma} products (MoEs up to 16-64 routed rows an expert) on the register-MMA kernels " \
            "(GLM5_SHIM_GGUF_DECODE=tile" in line
     assert "one row stay on vLLM's vector kernels" in line
     monkeypatch.setenv("GLM5_SHIM_GGUF_DECODE", "tile")
