@@ -183,10 +183,12 @@ def served_tiles(qt: int) -> dict:
 
 def dequant_plan(t: int, tuning: dict) -> dict:
     """A dequantizing MoE plan: ``tuning``'s tile keys (MOE_DEQUANT_TUNING), its "dequantize" dict the
-    dequantization kernel's (DEQUANT_TUNING)."""
+    dequantization kernel's (DEQUANT_TUNING), its "chunk_bytes" the scratch a chunk of experts may take
+    (MOE_DEQUANT_CHUNK_BYTES: a chunk small enough to stay in L2 is written and read back there)."""
     tun = dict(tuning)
     dq = tun.pop("dequantize", None)
-    return {**gm.moe_plan(t, TOP_K, EXPERTS, tuning=tun, dequant=True), "dequantize_tuning": dq}
+    chunk = {"chunk_bytes": tun.pop("chunk_bytes")} if "chunk_bytes" in tun else {}
+    return {**gm.moe_plan(t, TOP_K, EXPERTS, tuning=tun, dequant=True), "dequantize_tuning": dq, **chunk}
 
 
 def bench_moe(tp: int, type_names, tokens, bw, peak, gen, vg, bf16_moe, rows):
