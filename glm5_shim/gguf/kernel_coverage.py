@@ -57,10 +57,13 @@ MMA_LINEAR_TYPES = (int(_T.Q4_K), int(_T.Q6_K), int(_T.Q5_K), int(_T.IQ2_XXS), i
 # (session 22: IQ3_XXS, IQ3_S and Q2_K at 32 rows faster than the tiles on lm_head, above)
 MMA_LINEAR_MAX_ROWS = {int(_T.IQ2_XXS): 32, int(_T.IQ2_S): 32, int(_T.IQ3_XXS): 32, int(_T.IQ3_S): 32,
                        int(_T.Q2_K): 32}
+# Up to how many routed rows an expert (T x top_k / experts) every MoE takes the decode regime (gguf_matmul.moe_plan:
+# w13 split over K, then SiLU); past it, the fused gate/up prefill tiles unless a rule below says otherwise
+MOE_DECODE_MAX_ROWS_PER_EXPERT = 4
 # Up to how many routed rows an expert (T x top_k / experts) a MoE whose two passes both run on the register-MMA
 # kernels stays in the decode regime (moe_align's blocks of 8, 16 or 32 rows, gguf_mma.cols_for, each block reading
 # its expert's weights) instead of the prefill tiles; a type not listed keeps the regimes' common threshold
-# (gguf_matmul.MOE_DECODE_MAX_ROWS_PER_EXPERT).  H200, TP-8 shapes, session 12, µs register-MMA in blocks of 8 / 16
+# (MOE_DECODE_MAX_ROWS_PER_EXPERT).  H200, TP-8 shapes, session 12, µs register-MMA in blocks of 8 / 16
 # / 32 rows, prefill tiles (vLLM on bf16 weights 637 / 657 / 801 / 882 at 8 / 16 / 32 / 64 rows):
 #   8 rows (T = 256):   Q4_K 420 / 407 / 545, 849;  Q5_K 529 / 482 / 664, 954;  Q6_K 820 / 661 / 746, 2939;
 #                       Q8_0 1198 / 922 / 985, 1472;  IQ2_XXS 700 / 557 / 700, 2448
@@ -86,10 +89,12 @@ MMA_LINEAR_MAX_ROWS = {int(_T.IQ2_XXS): 32, int(_T.IQ2_S): 32, int(_T.IQ3_XXS): 
 MMA_MOE_MAX_ROWS_PER_EXPERT = {int(_T.Q4_K): 16, int(_T.Q5_K): 16, int(_T.Q6_K): 64, int(_T.Q8_0): 16,
                                int(_T.IQ2_XXS): 64, int(_T.IQ2_S): 64, int(_T.IQ3_XXS): 64, int(_T.IQ3_S): 64,
                                int(_T.Q2_K): 64}
+
+
 def mma_moe_rows_text(types) -> str:
-    """Up to how many routed rows an expert MoEs of ``types`` (ggml type ints) stay on the register-MMA kernels, as
-    reports say it ("16-64")."""
-    limits = sorted({MMA_MOE_MAX_ROWS_PER_EXPERT.get(int(t), 4) for t in types}) or [4]
+    """Up to how many routed rows an expert MoEs of ``types`` (ggml type ints, at least one) stay on the
+    register-MMA kernels, as reports say it ("16-64")."""
+    limits = sorted({MMA_MOE_MAX_ROWS_PER_EXPERT.get(int(t), MOE_DECODE_MAX_ROWS_PER_EXPERT) for t in types})
     return str(limits[0]) if len(limits) == 1 else f"{limits[0]}-{limits[-1]}"
 
 

@@ -64,7 +64,7 @@ import triton.language as tl
 from glm5_shim import settings
 from glm5_shim.gguf.kernel_coverage import (K_MULTIPLE, MMA_LINEAR_MAX_ROWS, MMA_LINEAR_TYPES,
                                             MMA_MOE_MAX_BLOCK_ROWS, MMA_MOE_MAX_ROWS_PER_EXPERT,
-                                            MMA_PACKED_LINEAR_TYPES,
+                                            MMA_PACKED_LINEAR_TYPES, MOE_DECODE_MAX_ROWS_PER_EXPERT,
                                             MOE_DEQUANT_DEFAULT_MIN_ROWS, MOE_DEQUANT_MIN_ROWS_PER_EXPERT,
                                             SHIM_KERNEL_TYPES)
 from glm5_shim.kernels import arrivals, gguf_mma
@@ -1283,7 +1283,6 @@ def moe_align(topk_ids: torch.Tensor, block_m: int, num_experts: int):
 
 
 SILU_BLOCK = 512
-MOE_DECODE_MAX_ROWS_PER_EXPERT = 4  # up to here: split-K w13 then SiLU; above: fused gate/up tiles
 # Up to here a register-MMA decode MoE routes each (token, slot) pair on its own (no align launch, the top-k sum in
 # the w2 launch); an expert that two pairs share is read twice, rare while pairs << experts
 MOE_DIRECT_MAX_TOKENS = 4
@@ -1303,11 +1302,9 @@ def moe_plan(num_tokens: int, top_k: int, num_experts: int, tuning: dict | None 
         return {"dequant": True, "dequant_tuning": dict(tuning or {})}
     rows_per_expert = num_tokens * top_k / num_experts
     if decode if decode is not None else rows_per_expert <= MOE_DECODE_MAX_ROWS_PER_EXPERT:
-        t = {**DECODE_TUNING, "BLOCK_M": 16, "fused_gate": False,
-             **(tuning or {})}
+        t = {**DECODE_TUNING, "BLOCK_M": 16, "fused_gate": False, **(tuning or {})}
     else:
-        t = {**PREFILL_TUNING, "fused_gate": True,
-             "ctas_per_sm": 1, **(tuning or {})}
+        t = {**PREFILL_TUNING, "fused_gate": True, "ctas_per_sm": 1, **(tuning or {})}
         if qtypes is not None:
             for name, qtype, gated in (("w13", qtypes[0], True), ("w2", qtypes[1], False)):
                 t[name] = {**prefill_pass_tuning(qtype, gated, capability), **t.get(name, {})}
@@ -1583,7 +1580,8 @@ def kernel_configs() -> list[dict]:
     for qt in SUPPORTED_TYPES:
         # every tile linear untuned, and again as the mma.sync targets run it (linear_tile_tuning; family "mma":
         # compiled for those targets only)
-        tunings = [{}] + ([linear_tile_tuning(qt, None)] if linear_tile_tuning(qt, None) else [])
+        tuned = linear_tile_tuning(qt, None)
+        tunings = [{}] + ([tuned] if tuned else [])
         for bm, t, reduce in ((16, DECODE_TUNING, False), (16, DECODE_TUNING, True), (32, DECODE_TUNING, False),
                               (32, DECODE_TUNING, True), (64, DECODE_TUNING, False),
                               (PREFILL_TUNING["BLOCK_M"], PREFILL_TUNING, False)):
@@ -1600,7 +1598,8 @@ def kernel_configs() -> list[dict]:
                          constexprs=dict(QTYPE=qt, BLOCK_N=DEQUANT_TUNING["BLOCK_N"]),
                          num_warps=DEQUANT_TUNING["num_warps"], num_stages=DEQUANT_TUNING["num_stages"],
                          divisible_by_16=("w_ptr", "grid_ptr", "out_ptr", "stride_on")))
-        for p in (moe_plan(1, 8, 256), moe_plan(4096, 8, 256)):   # decode (w13 split over K), prefill
+        prefill = moe_plan(4096, 8, 256, qtypes=(qt, qt), capability=None)   # as an mma.sync target tunes it
+        for p in (moe_plan(1, 8, 256), prefill):   # decode (w13 split over K), prefill (the untuned tiles)
             decode = not p["fused_gate"]
             # (BLOCK_N, GATED, ROUTE_WEIGHTED, REDUCE): w13 (decode: planes, gated by the reduction; also unreduced
             # for the SiLU launch when I is not a multiple of BLOCK_N), w2
@@ -1618,12 +1617,11 @@ def kernel_configs() -> list[dict]:
                                  divisible_by_16=("x_ptr", "w_ptr", "grid_ptr", "out_ptr", "stride_xm", "stride_om")))
         # the prefill tiles tuned per pass for the mma.sync targets (prefill_pass_tuning; family "mma"), at most
         # PREFILL_MAX_STACK bytes of stack a thread
-        p = moe_plan(4096, 8, 256, qtypes=(qt, qt), capability=None)
         for gated in (True, False):
-            tun = p["w13" if gated else "w2"]
+            tun = prefill["w13" if gated else "w2"]
             if not tun:
                 continue
-            c = {**p, **tun}
+            c = {**prefill, **tun}
             cfgs.append(dict(name=f"moe q{qt} prefill {'w13' if gated else 'w2'} mma", kernel=_moe_kernel,
                              signature=_MOE_SIG, num_warps=c["num_warps"], num_stages=c["num_stages"],
                              family="mma", max_stack=PREFILL_MAX_STACK,
