@@ -504,41 +504,51 @@ def _sweep_point(rows, what, t, cfg, floor_us, calls, check=None):
     rows.append(row)
 
 
-MMA_SWEEP_GRID = ((2, 4, 8), (1, 2, 4), (2, 4, 8))   # warps, row repeats, programs an SM
+MMA_SWEEP_GRID = ((2, 4, 8), (1, 2, 4), (2, 4, 8), (1,))   # warps, row repeats, programs an SM, halves ahead
 
 
 def bench_mma_sweep(bw, gen, rows, types=("Q4_K", "Q6_K"), tokens=(1, 32), grid=MMA_SWEEP_GRID):
-    """Launch shapes of the register-MMA decode kernels (kernels/gguf_mma.MMA_TUNING): warps, row repeats and
-    programs an SM, for the TP-8 MoE at each of ``tokens`` and q_a+kv_a / lm_head at T = 1.  Each point's output is
-    compared with the default shape's on the same inputs (rel_diff_vs_default)."""
+    """Launch shapes of the register-MMA decode kernels (kernels/gguf_mma.MMA_TUNING): warps, row repeats,
+    programs an SM and halves of a super-block in flight (a grid of 3 axes leaves the last at 1), for the TP-8 MoE
+    at each of ``tokens`` and q_a+kv_a / lm_head at T = 1, on the layout serving loads (gguf_mma.pack for PACKERS'
+    types).  Each point's output is compared with the default shape's on the same inputs (rel_diff_vs_default)."""
     import itertools
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    cfgs = [dict(num_warps=w, reps=r, ctas_per_sm=c) for w, r, c in itertools.product(*grid)]
+    grid = tuple(grid) + ((1,),) * (4 - len(grid))
+    cfgs = [dict(num_warps=w, reps=r, ctas_per_sm=c, ahead=a) for w, r, c, a in itertools.product(*grid)]
     for name in types:
         qt, w13, w2, expert_bytes = rank_experts(name, gen)
+        pk = qt in gguf_mma.PACKERS
+        if pk:
+            w13, w2 = gguf_mma.pack(w13, qt), gguf_mma.pack(w2, qt)
+        layout = " packed" if pk else ""
+
+        def moe(x, w, i, plan):
+            return gm.gguf_moe(x, w13, w2, w, i, qt, qt, align=ALIGN, plan=plan, packed13=pk, packed2=pk)
+
         for t in tokens:
             ids, wts, x, floor = call_inputs(t, gen, expert_bytes, bw)
             base = {**gm.moe_plan(t, TOP_K, EXPERTS), "mma": True}
-            want = gm.gguf_moe(x, w13, w2, wts[0], ids[0], qt, qt, align=ALIGN, plan=base).clone()
+            want = moe(x, wts[0], ids[0], base).clone()
             for cfg in cfgs:
                 plan = {**base, "mma_tuning": cfg}
-                _sweep_point(rows, f"mma moe tp8 {name}", t, cfg, floor,
-                             [lambda i=i, w=w: gm.gguf_moe(x, w13, w2, w, i, qt, qt, align=ALIGN, plan=plan)
-                              for i, w in zip(ids, wts)],
-                             check=(lambda p=plan: gm.gguf_moe(x, w13, w2, wts[0], ids[0], qt, qt, align=ALIGN,
-                                                               plan=p), lambda: want))
+                _sweep_point(rows, f"mma moe tp8 {name}{layout}", t, cfg, floor,
+                             [lambda i=i, w=w, p=plan: moe(x, w, i, p) for i, w in zip(ids, wts)],
+                             check=(lambda p=plan: moe(x, wts[0], ids[0], p), lambda: want))
         w13 = w2 = None
         torch.cuda.empty_cache()
         lname = "q_a+kv_a" if name == "Q4_K" else "lm_head"
         n, k = DENSE_TP8[lname]
         one = gm.row_bytes(qt, k) * n
         ws = [random_blocks_cuda(qt, (n,), k, gen) for _ in range(max(2, min(16, -(-2 * L2_BYTES // one))))]
+        ws = [gguf_mma.pack(w, qt) for w in ws] if pk else ws
         x = (torch.randn(1, k, device="cuda", generator=gen) * 0.5).to(torch.bfloat16)
-        want = gguf_mma.linear(x, ws[0], qt, n, sms).clone()
+        want = gguf_mma.linear(x, ws[0], qt, n, sms, packed=pk).clone()
         for cfg in cfgs:
-            _sweep_point(rows, f"mma {lname} {name}", 1, cfg, one / bw * 1e6,
-                         [lambda w=w: gguf_mma.linear(x, w, qt, n, sms, tuning=cfg) for w in ws] * 2,
-                         check=(lambda c=cfg: gguf_mma.linear(x, ws[0], qt, n, sms, tuning=c), lambda: want))
+            _sweep_point(rows, f"mma {lname} {name}{layout}", 1, cfg, one / bw * 1e6,
+                         [lambda w=w: gguf_mma.linear(x, w, qt, n, sms, tuning=cfg, packed=pk) for w in ws] * 2,
+                         check=(lambda c=cfg: gguf_mma.linear(x, ws[0], qt, n, sms, tuning=c, packed=pk),
+                                lambda: want))
         ws = None
         torch.cuda.empty_cache()
 
@@ -872,7 +882,7 @@ def main():
     ap.add_argument("--decode-sweep-tokens", default="1,32",
                     help="MoE token counts of the sweep part's decode shapes ('' for none)")
     ap.add_argument("--mma-sweep-grid", default=":".join(",".join(map(str, v)) for v in MMA_SWEEP_GRID),
-                    help="mma_sweep's warps:row repeats:programs an SM, e.g. 4,8:1,2:2,4,8")
+                    help="mma_sweep's warps:row repeats:programs an SM[:halves ahead], e.g. 4,8:1,2:2,4,8:1,2")
     args = ap.parse_args()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -80,14 +80,20 @@ if [[ " $steps " == *" bench "* ]]; then
   fi
 fi
 if [[ " $steps " == *" ncu_gguf "* ]]; then
-  # ncu on the MoE decode kernel (bench/profile_gguf_matmul.py): stall reasons, issue rate, memory throughput.
-  # Reads hardware counters only on the Firecracker runtime (KINDS.md); NCU_GGUF_ARGS e.g. "--type Q4_K --tokens 32"
-  log "ncu_gguf ${NCU_GGUF_ARGS:-}"
-  timeout ${NCU_TIMEOUT:-240} ncu --clock-control none -k regex:_moe_kernel --launch-skip 6 --launch-count 2 \
-    --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
-    --section MemoryWorkloadAnalysis --section InstructionStats --section LaunchStats \
-    python bench/profile_gguf_matmul.py ${NCU_GGUF_ARGS:-} > "$OUT/ncu_gguf.txt" 2>&1
-  log "ncu_gguf exit $?"
+  # ncu on the MoE kernels (bench/profile_gguf_matmul.py): stall reasons, issue rate, memory throughput.
+  # Reads hardware counters only on the Firecracker runtime (KINDS.md).  NCU_GGUF_ARGS: ';'-separated argument
+  # lists of the script, one ncu run each, e.g. "--type Q4_K --tokens 32;--type Q4_K --tokens 32 --ahead 2";
+  # NCU_KERNEL: the kernels' regex (the register-MMA MoE kernel; _moe_kernel for the prefill tiles)
+  IFS=';' read -ra ncu_runs <<< "${NCU_GGUF_ARGS:---type Q4_K --tokens 32}"
+  for args in "${ncu_runs[@]}"; do
+    log "ncu_gguf $args"
+    { echo "==== ncu_gguf $args"
+      timeout ${NCU_TIMEOUT:-240} ncu --clock-control none -k regex:${NCU_KERNEL:-_mma_moe_kernel} --launch-skip 6 \
+        --launch-count 2 --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+        --section Occupancy --section MemoryWorkloadAnalysis --section InstructionStats --section LaunchStats \
+        python bench/profile_gguf_matmul.py $args 2>&1; } >> "$OUT/ncu_gguf.txt"
+    log "ncu_gguf exit $?"
+  done
 fi
 if [[ " $steps " == *" e2e "* ]]; then
   # bench/e2e.py: tiny GLM-5 GGUFs served through launch.sh, shim-forced vs native, then the GPU test on its results.

@@ -844,7 +844,7 @@ def _mma_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_p
                 top_k, stride_xm, stride_we, stride_wn, stride_os, stride_om, stride_fm,
                 QTYPE: tl.constexpr, WARPS: tl.constexpr, REPS: tl.constexpr, MOE: tl.constexpr,
                 ROUTE_WEIGHTED: tl.constexpr, ROUTING: tl.constexpr, EPILOGUE: tl.constexpr, TOPK: tl.constexpr,
-                COLS: tl.constexpr, PACKED: tl.constexpr):
+                COLS: tl.constexpr, PACKED: tl.constexpr, AHEAD: tl.constexpr = 1):
     """out[s, row, n] = sum over the units of split s of x[row', k] * W[n, k] for the COLS columns of block
     program_id(0) // cdiv(N, BN) and the BN output features of program_id(0) % cdiv(N, BN):
 
@@ -858,6 +858,8 @@ def _mma_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_p
 
     Times the routing weight of the column when ROUTE_WEIGHTED.  Columns >= num_valid are neither read nor written.
     PACKED: a Q8_0 or Q6_K weight in pack's layout (16-byte code loads) rather than the file's.
+    AHEAD: halves of a super-block whose loads are in flight while one is decoded (1: the next half; 2: the next
+    unit's two halves, one more half of registers for twice the bytes in flight: UNIT_AHEAD_TUNING).
     EPILOGUE: STORE writes out (a split plane, or the result); REDUCE and REDUCE_SILU write float32 planes, and the
     last program to finish a tile (arrival counted at counter_ptr, reset to 0 by it) sums the planes into final —
     REDUCE_SILU: a pair of tiles, gate rows f and up rows N / 2 + f, into SiLU(gate) * up."""
@@ -919,16 +921,27 @@ def _mma_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_p
     rp, ap, sb, rw = _unit(first, rowp, act_p, ids_vec, rw_vec, lanes, rows_off, w_ptr, stride_we, stride_xm,
                            sb_per_expert, ROUTING)
     stage0 = _load_half(QTYPE, rp, slot, word, ap, x_ok, sb, 0, BN, L4, PACKED, sb_per_expert)
+    if AHEAD == 2:
+        stage1 = _load_half(QTYPE, rp, slot, word, ap, x_ok, sb, 1, BN, L4, PACKED, sb_per_expert)
     for u in range(first, last):
-        # issue the second half's loads, decode the first; issue the next unit's first half, decode the second
         rp, ap, sb, rw = _unit(u, rowp, act_p, ids_vec, rw_vec, lanes, rows_off, w_ptr, stride_we, stride_xm,
                                sb_per_expert, ROUTING)
-        stage1 = _load_half(QTYPE, rp, slot, word, ap, x_ok, sb, 1, BN, L4, PACKED, sb_per_expert)
-        acc = _consume_half(acc, QTYPE, stage0, slot, 0, BN, L4, ACC, BF16, grid_ptr, COLS)
         rpn, apn, sbn, rwn = _unit(gl.minimum(u + 1, last - 1), rowp, act_p, ids_vec, rw_vec, lanes, rows_off,
                                    w_ptr, stride_we, stride_xm, sb_per_expert, ROUTING)
-        stage0 = _load_half(QTYPE, rpn, slot, word, apn, x_ok, sbn, 0, BN, L4, PACKED, sb_per_expert)
-        acc = _consume_half(acc, QTYPE, stage1, slot, 1, BN, L4, ACC, BF16, grid_ptr, COLS)
+        if AHEAD == 2:
+            # issue the next unit's two halves, then decode this unit's two
+            next0 = _load_half(QTYPE, rpn, slot, word, apn, x_ok, sbn, 0, BN, L4, PACKED, sb_per_expert)
+            next1 = _load_half(QTYPE, rpn, slot, word, apn, x_ok, sbn, 1, BN, L4, PACKED, sb_per_expert)
+            acc = _consume_half(acc, QTYPE, stage0, slot, 0, BN, L4, ACC, BF16, grid_ptr, COLS)
+            acc = _consume_half(acc, QTYPE, stage1, slot, 1, BN, L4, ACC, BF16, grid_ptr, COLS)
+            stage0 = next0
+            stage1 = next1
+        else:
+            # issue the second half's loads, decode the first; issue the next unit's first half, decode the second
+            stage1 = _load_half(QTYPE, rp, slot, word, ap, x_ok, sb, 1, BN, L4, PACKED, sb_per_expert)
+            acc = _consume_half(acc, QTYPE, stage0, slot, 0, BN, L4, ACC, BF16, grid_ptr, COLS)
+            stage0 = _load_half(QTYPE, rpn, slot, word, apn, x_ok, sbn, 0, BN, L4, PACKED, sb_per_expert)
+            acc = _consume_half(acc, QTYPE, stage1, slot, 1, BN, L4, ACC, BF16, grid_ptr, COLS)
         if ROUTING == TOKEN_SUM:   # a slot ends (or the split does): its sum joins the total, weighted
             done = (sb == sb_per_expert - 1) | (u == last - 1)
             total = total + acc * gl.where(done, rw, 0.0)
@@ -1015,7 +1028,7 @@ _mma_moe_kernel = _mma_kernel if INTERPRET_K.value else jit(_renamed(_mma_kernel
 #   Q5_K 19 / 4 / 1.5 %, Q8_0 9 / 2 / 2 % (lm_head 8 and 13 %): reps 1;
 #   Q6_K 8 % faster at T = 1 but 2-2.5 % slower at 8 and 32, IQ2_XXS / IQ2_S within -7..+4 %: left at 128 rows.
 # The outputs agree with the 128-row ones within 8e-4 relative (split sums in another order).
-MMA_TUNING = dict(num_warps=4, reps=2, ctas_per_sm=4)
+MMA_TUNING = dict(num_warps=4, reps=2, ctas_per_sm=4, ahead=1)
 MMA_TUNING_BY_TYPE = {Q4_K: dict(reps=1), Q5_K: dict(reps=1), Q8_0: dict(reps=1)}
 
 
@@ -1105,7 +1118,7 @@ def launch(x, w, out, *, qtype: int, n: int, num_valid: int, num_blocks: int, sp
         QTYPE=qtype, WARPS=t["num_warps"],
         REPS=t["reps"], MOE=moe, ROUTE_WEIGHTED=route_w is not None and routing != TOKEN_SUM.value,
         ROUTING=routing, EPILOGUE=epilogue, TOPK=max(2, 1 << (top_k - 1).bit_length()), COLS=cols, PACKED=packed,
-        num_warps=t["num_warps"])
+        AHEAD=t["ahead"] if cols == TOKENS else 1, num_warps=t["num_warps"])   # wider programs spill with 2
     if separate:
         _sum_planes(out, final, gated)
 
@@ -1320,7 +1333,8 @@ def kernel_configs() -> list[dict]:
                              signature={**sig, "out_ptr": out},
                              constexprs=dict(QTYPE=qtype, WARPS=t["num_warps"], REPS=t["reps"],
                                              MOE=moe, ROUTE_WEIGHTED=weighted, ROUTING=routing.value,
-                                             EPILOGUE=epilogue.value, TOPK=8, COLS=cols, PACKED=False),
+                                             EPILOGUE=epilogue.value, TOPK=8, COLS=cols, PACKED=False,
+                                             AHEAD=t["ahead"] if cols == TOKENS else 1),
                              num_warps=t["num_warps"], num_stages=1, gluon=True,
                              divisible_by_16=("x_ptr", "w_ptr", "out_ptr", "grid_ptr", "stride_xm", "stride_we",
                                               "stride_wn", "stride_om")))

@@ -453,3 +453,35 @@ def test_packed_experts_give_the_file_layouts_moe(monkeypatch, types):
         if short is not None:
             with pytest.raises(ValueError, match="packed"):
                 gm.gguf_moe(x, p13, short, wts, ids, q13, q2, packed13=pk13, packed2=True)
+
+
+@pytest.mark.parametrize("types", [("Q4_K", "Q6_K"), ("IQ2_XXS", "Q8_0")])
+def test_two_halves_ahead_compute_the_same_products(monkeypatch, types):
+    """AHEAD=2 (the next unit's two halves loaded before this unit's are decoded) changes when loads are issued,
+    not what is summed in which order: a dense linear split over K and both MoE routings (the w2 top-k sum split
+    inside a slot's super-blocks, units crossing from one slot's expert to the next) give AHEAD=1's output bit for
+    bit, on the file's layout and packed."""
+    monkeypatch.setattr(gm, "CPU_NUM_SMS", 6)
+    q13, q2 = getattr(gm, types[0]), getattr(gm, types[1])
+    g = torch.Generator().manual_seed(71 + q13 + q2)
+    e, h, inter, top_k = 6, 512, 512, 3
+    w13 = torch.stack([_blocks(q13, 2 * inter, h, g) for _ in range(e)])
+    w2 = torch.stack([_blocks(q2, h, inter, g) for _ in range(e)])
+    table = gm.grid_table(q13, w13.device) if q13 in mma.GRID_TYPES else None
+    for m, sms in ((1, 16), (5, 1)):
+        x = torch.randn(m, h, generator=g).half()
+        outs = [mma.linear(x, w13[0], q13, 2 * inter, sms, tuning={"ahead": a}, grid_table=table) for a in (1, 2)]
+        assert torch.equal(*outs), (types, m, sms)
+    for pk in (False, True):
+        pk13, pk2 = pk and q13 in mma.PACKERS, pk and q2 in mma.PACKERS
+        a13, a2 = (mma.pack(w13, q13) if pk13 else w13), (mma.pack(w2, q2) if pk2 else w2)
+        for t, direct in ((3, True), (5, False)):
+            x = (torch.randn(t, h, generator=g) * 0.5).half()
+            ids = torch.stack([torch.randperm(e, generator=g)[:top_k] for _ in range(t)]).to(torch.int32)
+            wts = torch.rand(t, top_k, generator=g)
+            outs = [gm.gguf_moe(x, a13, a2, wts, ids, q13, q2, packed13=pk13, packed2=pk2,
+                                plan={**gm.moe_plan(t, top_k, e), "mma": True, "direct": direct,
+                                      "mma_tuning": {"ahead": a}}) for a in (1, 2)]
+            assert torch.equal(*outs), (types, pk, t, direct)
+            want = ref.moe_reference(x, w13, w2, wts, ids, q13, q2)
+            assert ((outs[1].double() - want).norm() / want.norm()).item() <= 4e-3, (types, pk, t, direct)
