@@ -267,3 +267,39 @@ def test_repacked_weights_on_every_serving_plan_give_the_file_layouts_output(nam
         assert torch.equal(got, gm.gguf_moe(x, w13, w2, wts, ids, qtype, qtype)), t
         assert torch.isfinite(got).all()
     assert len(regimes) >= 2, regimes
+
+
+@pytest.mark.parametrize("name", KERNEL_TYPES)
+def test_two_halves_ahead_give_the_same_output(name):
+    """AHEAD=2 (the next unit's two halves in flight while this unit is decoded) through the compiled kernel: the
+    AHEAD=1 output bit for bit (the same products summed in the same order) for a dense linear split over K or not,
+    and a decode MoE on both routings (pairs with the w2 top-k sum split inside a slot; sorted blocks of 8), on the
+    layout serving loads (gguf_mma.pack for PACKERS' types)."""
+    gm, ref, mma = _mods()
+    qtype = getattr(gm, name)
+    pk = qtype in mma.PACKERS
+    g = torch.Generator().manual_seed(91 + qtype)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    table = gm.grid_table(qtype, torch.device("cuda")) if qtype in mma.GRID_TYPES else None
+    w = _blocks(ref, qtype, 2624, 6144, g)
+    w = (mma.pack(w, qtype) if pk else w).cuda()
+    for m, num_sms in ((1, sms), (8, sms), (3, 1)):
+        x = torch.randn(m, 6144, generator=g).to(torch.bfloat16).cuda()
+        outs = [mma.linear(x, w, qtype, 2624, num_sms, tuning={"ahead": a}, grid_table=table, packed=pk)
+                for a in (1, 2)]
+        assert torch.equal(*outs), (name, m, num_sms)
+    e, h, inter, top_k = 16, 1024, 512, 8
+    w13 = _blocks(ref, qtype, (e, 2 * inter), h, g)
+    w2 = _blocks(ref, qtype, (e, h), inter, g)
+    d13, d2 = ((mma.pack(w13, qtype), mma.pack(w2, qtype)) if pk else (w13, w2))
+    d13, d2 = d13.cuda(), d2.cuda()
+    for t, direct in ((3, True), (12, False)):
+        x = torch.randn(t, h, generator=g).to(torch.bfloat16).cuda()
+        ids = torch.stack([torch.randperm(e, generator=g)[:top_k] for _ in range(t)]).to(torch.int32).cuda()
+        wts = torch.rand(t, top_k, generator=g).cuda()
+        outs = [gm.gguf_moe(x, d13, d2, wts, ids, qtype, qtype, packed13=pk, packed2=pk,
+                            plan={**gm.moe_plan(t, top_k, e), "mma": True, "direct": direct,
+                                  "mma_tuning": {"ahead": a}}) for a in (1, 2)]
+        assert torch.equal(*outs), (name, t, direct)
+        want = ref.moe_reference(x.cpu(), w13, w2, wts.cpu(), ids.cpu(), qtype, qtype)
+        assert ((outs[1].double().cpu() - want).norm() / want.norm()).item() <= 8 * U[torch.bfloat16], (name, t)
