@@ -504,18 +504,21 @@ def _sweep_point(rows, what, t, cfg, floor_us, calls, check=None):
     rows.append(row)
 
 
-MMA_SWEEP_GRID = ((2, 4, 8), (1, 2, 4), (2, 4, 8), (1,))   # warps, row repeats, programs an SM, halves ahead
+# warps, row repeats, programs an SM, halves in flight (AHEAD), units prefetched into L2 ahead (L2_AHEAD)
+MMA_SWEEP_GRID = ((2, 4, 8), (1, 2, 4), (2, 4, 8), (1,), (0,))
 
 
 def bench_mma_sweep(bw, gen, rows, types=("Q4_K", "Q6_K"), tokens=(1, 32), grid=MMA_SWEEP_GRID):
     """Launch shapes of the register-MMA decode kernels (kernels/gguf_mma.MMA_TUNING): warps, row repeats,
-    programs an SM and halves of a super-block in flight (a grid of 3 axes leaves the last at 1), for the TP-8 MoE
+    programs an SM, halves of a super-block in flight and units prefetched into L2 ahead (a grid of fewer axes
+    leaves the others at 1 and 0), for the TP-8 MoE
     at each of ``tokens`` and q_a+kv_a / lm_head at T = 1, on the layout serving loads (gguf_mma.pack for PACKERS'
     types).  Each point's output is compared with the default shape's on the same inputs (rel_diff_vs_default)."""
     import itertools
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    grid = tuple(grid) + ((1,),) * (4 - len(grid))
-    cfgs = [dict(num_warps=w, reps=r, ctas_per_sm=c, ahead=a) for w, r, c, a in itertools.product(*grid)]
+    grid = tuple(grid) + MMA_SWEEP_GRID[len(grid):]
+    cfgs = [dict(num_warps=w, reps=r, ctas_per_sm=c, ahead=a, l2_ahead=p)
+            for w, r, c, a, p in itertools.product(*grid)]
     for name in types:
         qt, w13, w2, expert_bytes = rank_experts(name, gen)
         pk = qt in gguf_mma.PACKERS
@@ -882,7 +885,7 @@ def main():
     ap.add_argument("--decode-sweep-tokens", default="1,32",
                     help="MoE token counts of the sweep part's decode shapes ('' for none)")
     ap.add_argument("--mma-sweep-grid", default=":".join(",".join(map(str, v)) for v in MMA_SWEEP_GRID),
-                    help="mma_sweep's warps:row repeats:programs an SM[:halves ahead], e.g. 4,8:1,2:2,4,8:1,2")
+                    help="mma_sweep's warps:row repeats:programs an SM[:AHEAD[:L2_AHEAD]], e.g. 4:1,2:4:1,2:0,2")
     args = ap.parse_args()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -10,8 +10,8 @@ Runs the call 5 times (compile + warm-up + the profiled ones + spares): each cal
 launches a w13 pass then a w2 pass (of ``_mma_moe_kernel`` in the decode regime, ``_moe_kernel`` on the prefill
 tiles), so --launch-skip 6 --launch-count 2 profiles the fourth call's two passes.  Weights are random valid blocks
 (bench/gguf_matmul.py's), in the layout serving loads (gguf_mma.pack for its PACKERS' types; --file-layout keeps
-the file's); routing is uniform top 8 of 256 experts; --ahead sets the register-MMA kernel's halves in flight.  The
-GPU session step ``ncu_gguf`` (bench/gpu_session.sh) runs it and writes the report's text to $OUT.
+the file's); routing is uniform top 8 of 256 experts; --ahead / --l2-ahead set the register-MMA kernel's loads
+ahead.  The GPU session step ``ncu_gguf`` (bench/gpu_session.sh) runs it and writes the report's text to $OUT.
 """
 import argparse
 import pathlib
@@ -34,6 +34,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--tp", type=int, default=8)
     ap.add_argument("--ahead", type=int, default=None, help="the register-MMA kernel's AHEAD (default: its tuning)")
+    ap.add_argument("--l2-ahead", type=int, default=None, help="the register-MMA kernel's L2_AHEAD")
     ap.add_argument("--file-layout", action="store_true", help="keep the file's blocks for PACKERS' types")
     a = ap.parse_args()
     qt = bench.TYPES[a.type]
@@ -47,8 +48,9 @@ def main():
     ids, wts = bench.routings(a.tokens, 5, g)
     x = (torch.randn(a.tokens, bench.HIDDEN, device="cuda", generator=g) * 0.5).to(torch.bfloat16)
     plan = gm.chosen_moe_plan(a.tokens, bench.TOP_K, x.dtype, w13, w2, qt, qt, (pk, pk))
-    if a.ahead is not None:
-        plan = {**plan, "mma_tuning": {**plan.get("mma_tuning", {}), "ahead": a.ahead}}
+    for key, value in (("ahead", a.ahead), ("l2_ahead", a.l2_ahead)):
+        if value is not None:
+            plan = {**plan, "mma_tuning": {**(plan.get("mma_tuning") or {}), key: value}}
     for i, w in zip(ids, wts):
         gm.gguf_moe(x, w13, w2, w, i, qt, qt, plan=plan, packed13=pk, packed2=pk)
     torch.cuda.synchronize()

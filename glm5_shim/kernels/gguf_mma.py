@@ -825,6 +825,18 @@ def _pick(vec, lanes, j):
 
 
 @jit
+def _prefetch_l2(p, NBYTES: tl.constexpr):
+    """Ask L2 for the cache lines of NBYTES bytes from each of the byte pointers p (the GPU only: the interpreter
+    has no cache)."""
+    if not INTERPRET_K:
+        for off in gl.static_range(0, NBYTES, 128):
+            gl.inline_asm_elementwise("prefetch.global.L2 [$1];\n mov.u32 $0, 0;", "=r,l", [p + off], dtype=gl.int32,
+                                      is_pure=False, pack=1)
+        gl.inline_asm_elementwise("prefetch.global.L2 [$1];\n mov.u32 $0, 0;", "=r,l", [p + (NBYTES - 1)],
+                                  dtype=gl.int32, is_pure=False, pack=1)
+
+
+@jit
 def _unit(u, rowp, act_p, ids_vec, rw_vec, lanes, rows_off, w_ptr, stride_we, stride_xm, sb_per_expert,
           ROUTING: tl.constexpr):
     """(weight row pointers, activation pointers, super-block, routing weight) of unit u of the program's K loop:
@@ -844,7 +856,8 @@ def _mma_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_p
                 top_k, stride_xm, stride_we, stride_wn, stride_os, stride_om, stride_fm,
                 QTYPE: tl.constexpr, WARPS: tl.constexpr, REPS: tl.constexpr, MOE: tl.constexpr,
                 ROUTE_WEIGHTED: tl.constexpr, ROUTING: tl.constexpr, EPILOGUE: tl.constexpr, TOPK: tl.constexpr,
-                COLS: tl.constexpr, PACKED: tl.constexpr, AHEAD: tl.constexpr = 1):
+                COLS: tl.constexpr, PACKED: tl.constexpr, AHEAD: tl.constexpr = 1, L2_AHEAD: tl.constexpr = 0,
+                UNIT_BYTES: tl.constexpr = 0):
     """out[s, row, n] = sum over the units of split s of x[row', k] * W[n, k] for the COLS columns of block
     program_id(0) // cdiv(N, BN) and the BN output features of program_id(0) % cdiv(N, BN):
 
@@ -859,7 +872,10 @@ def _mma_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_p
     Times the routing weight of the column when ROUTE_WEIGHTED.  Columns >= num_valid are neither read nor written.
     PACKED: a Q8_0 or Q6_K weight in pack's layout (16-byte code loads) rather than the file's.
     AHEAD: halves of a super-block whose loads are in flight while one is decoded (1: the next half; 2: the next
-    unit's two halves, one more half of registers for twice the bytes in flight: UNIT_AHEAD_TUNING).
+    unit's two halves, one more half of registers for twice the bytes in flight).
+    L2_AHEAD: > 0 prefetches each row's UNIT_BYTES (a super-block's, or its code plane's where packed) of the unit
+    that many units on into L2 (prefetch.global.L2: no register holds them, nothing waits for them), so that the
+    loads find them there.
     EPILOGUE: STORE writes out (a split plane, or the result); REDUCE and REDUCE_SILU write float32 planes, and the
     last program to finish a tile (arrival counted at counter_ptr, reset to 0 by it) sums the planes into final —
     REDUCE_SILU: a pair of tiles, gate rows f and up rows N / 2 + f, into SiLU(gate) * up."""
@@ -924,6 +940,10 @@ def _mma_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_p
     if AHEAD == 2:
         stage1 = _load_half(QTYPE, rp, slot, word, ap, x_ok, sb, 1, BN, L4, PACKED, sb_per_expert)
     for u in range(first, last):
+        if L2_AHEAD > 0:
+            rpp, app, sbp, rwp = _unit(gl.minimum(u + L2_AHEAD, last - 1), rowp, act_p, ids_vec, rw_vec, lanes,
+                                       rows_off, w_ptr, stride_we, stride_xm, sb_per_expert, ROUTING)
+            _prefetch_l2(rpp + sbp * UNIT_BYTES, UNIT_BYTES)
         rp, ap, sb, rw = _unit(u, rowp, act_p, ids_vec, rw_vec, lanes, rows_off, w_ptr, stride_we, stride_xm,
                                sb_per_expert, ROUTING)
         rpn, apn, sbn, rwn = _unit(gl.minimum(u + 1, last - 1), rowp, act_p, ids_vec, rw_vec, lanes, rows_off,
@@ -1028,7 +1048,7 @@ _mma_moe_kernel = _mma_kernel if INTERPRET_K.value else jit(_renamed(_mma_kernel
 #   Q5_K 19 / 4 / 1.5 %, Q8_0 9 / 2 / 2 % (lm_head 8 and 13 %): reps 1;
 #   Q6_K 8 % faster at T = 1 but 2-2.5 % slower at 8 and 32, IQ2_XXS / IQ2_S within -7..+4 %: left at 128 rows.
 # The outputs agree with the 128-row ones within 8e-4 relative (split sums in another order).
-MMA_TUNING = dict(num_warps=4, reps=2, ctas_per_sm=4, ahead=1)
+MMA_TUNING = dict(num_warps=4, reps=2, ctas_per_sm=4, ahead=1, l2_ahead=0)
 MMA_TUNING_BY_TYPE = {Q4_K: dict(reps=1), Q5_K: dict(reps=1), Q8_0: dict(reps=1)}
 
 
@@ -1118,7 +1138,8 @@ def launch(x, w, out, *, qtype: int, n: int, num_valid: int, num_blocks: int, sp
         QTYPE=qtype, WARPS=t["num_warps"],
         REPS=t["reps"], MOE=moe, ROUTE_WEIGHTED=route_w is not None and routing != TOKEN_SUM.value,
         ROUTING=routing, EPILOGUE=epilogue, TOPK=max(2, 1 << (top_k - 1).bit_length()), COLS=cols, PACKED=packed,
-        AHEAD=t["ahead"] if cols == TOKENS else 1, num_warps=t["num_warps"])   # wider programs spill with 2
+        AHEAD=t["ahead"] if cols == TOKENS else 1,   # wider programs spill with 2
+        L2_AHEAD=t["l2_ahead"], UNIT_BYTES=unit_bytes(qtype, packed), num_warps=t["num_warps"])
     if separate:
         _sum_planes(out, final, gated)
 
@@ -1208,6 +1229,16 @@ PLANES = {
 
 def _block_bytes(qtype: int) -> int:
     return gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(qtype)][1]
+
+
+def unit_bytes(qtype: int, packed: bool = False) -> int:
+    """Bytes a row holds for one super-block (256 values) in its first plane: a K-quant's super-block, Q8_0's 8
+    blocks, an IQ type's block; packed planar layouts (PLANES) their code plane (the plane that follows it starts
+    after all of the row's)."""
+    q = int(qtype)
+    if packed and q in PLANES:
+        return len(PLANES[q][0])
+    return _block_bytes(q) * (SB_VALUES.value // gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(q)][0])
 
 
 for _qt, _planes in PLANES.items():   # every byte of the block in exactly one plane

@@ -269,10 +269,14 @@ def test_repacked_weights_on_every_serving_plan_give_the_file_layouts_output(nam
     assert len(regimes) >= 2, regimes
 
 
+AHEAD_TUNINGS = ({}, {"ahead": 2}, {"l2_ahead": 2}, {"ahead": 2, "l2_ahead": 3})
+
+
 @pytest.mark.parametrize("name", KERNEL_TYPES)
-def test_two_halves_ahead_give_the_same_output(name):
-    """AHEAD=2 (the next unit's two halves in flight while this unit is decoded) through the compiled kernel: the
-    AHEAD=1 output bit for bit (the same products summed in the same order) for a dense linear split over K or not,
+def test_loads_ahead_give_the_same_output(name):
+    """AHEAD=2 (the next unit's two halves in flight while this unit is decoded) and L2_AHEAD (units prefetched into
+    L2) through the compiled kernel: the default's output bit for bit (the same products summed in the same order)
+    for a dense linear split over K or not,
     and a decode MoE on both routings (pairs with the w2 top-k sum split inside a slot; sorted blocks of 8), on the
     layout serving loads (gguf_mma.pack for PACKERS' types)."""
     gm, ref, mma = _mods()
@@ -285,9 +289,9 @@ def test_two_halves_ahead_give_the_same_output(name):
     w = (mma.pack(w, qtype) if pk else w).cuda()
     for m, num_sms in ((1, sms), (8, sms), (3, 1)):
         x = torch.randn(m, 6144, generator=g).to(torch.bfloat16).cuda()
-        outs = [mma.linear(x, w, qtype, 2624, num_sms, tuning={"ahead": a}, grid_table=table, packed=pk)
-                for a in (1, 2)]
-        assert torch.equal(*outs), (name, m, num_sms)
+        outs = [mma.linear(x, w, qtype, 2624, num_sms, tuning=tun, grid_table=table, packed=pk)
+                for tun in AHEAD_TUNINGS]
+        assert all(torch.equal(o, outs[0]) for o in outs[1:]), (name, m, num_sms)
     e, h, inter, top_k = 16, 1024, 512, 8
     w13 = _blocks(ref, qtype, (e, 2 * inter), h, g)
     w2 = _blocks(ref, qtype, (e, h), inter, g)
@@ -299,7 +303,7 @@ def test_two_halves_ahead_give_the_same_output(name):
         wts = torch.rand(t, top_k, generator=g).cuda()
         outs = [gm.gguf_moe(x, d13, d2, wts, ids, qtype, qtype, packed13=pk, packed2=pk,
                             plan={**gm.moe_plan(t, top_k, e), "mma": True, "direct": direct,
-                                  "mma_tuning": {"ahead": a}}) for a in (1, 2)]
-        assert torch.equal(*outs), (name, t, direct)
+                                  "mma_tuning": tun}) for tun in AHEAD_TUNINGS]
+        assert all(torch.equal(o, outs[0]) for o in outs[1:]), (name, t, direct)
         want = ref.moe_reference(x.cpu(), w13, w2, wts.cpu(), ids.cpu(), qtype, qtype)
         assert ((outs[1].double().cpu() - want).norm() / want.norm()).item() <= 8 * U[torch.bfloat16], (name, t)

@@ -455,12 +455,16 @@ def test_packed_experts_give_the_file_layouts_moe(monkeypatch, types):
                 gm.gguf_moe(x, p13, short, wts, ids, q13, q2, packed13=pk13, packed2=True)
 
 
+AHEAD_TUNINGS = ({}, {"ahead": 2, "l2_ahead": 2})
+
+
 @pytest.mark.parametrize("types", [("Q4_K", "Q6_K"), ("IQ2_XXS", "Q8_0")])
-def test_two_halves_ahead_compute_the_same_products(monkeypatch, types):
-    """AHEAD=2 (the next unit's two halves loaded before this unit's are decoded) changes when loads are issued,
-    not what is summed in which order: a dense linear split over K and both MoE routings (the w2 top-k sum split
-    inside a slot's super-blocks, units crossing from one slot's expert to the next) give AHEAD=1's output bit for
-    bit, on the file's layout and packed."""
+def test_loads_ahead_compute_the_same_products(monkeypatch, types):
+    """AHEAD=2 (the next unit's two halves loaded before this unit's are decoded) and L2_AHEAD=2 (the unit two on
+    prefetched into L2; not run by the interpreter, its unit lookup is) change when loads are issued, not what is
+    summed in which order: a dense linear split over K and both MoE routings (the w2 top-k sum split inside a
+    slot's super-blocks, units crossing from one slot's expert to the next) give the default's output bit for bit,
+    on the file's layout and packed."""
     monkeypatch.setattr(gm, "CPU_NUM_SMS", 6)
     q13, q2 = getattr(gm, types[0]), getattr(gm, types[1])
     g = torch.Generator().manual_seed(71 + q13 + q2)
@@ -470,7 +474,7 @@ def test_two_halves_ahead_compute_the_same_products(monkeypatch, types):
     table = gm.grid_table(q13, w13.device) if q13 in mma.GRID_TYPES else None
     for m, sms in ((1, 16), (5, 1)):
         x = torch.randn(m, h, generator=g).half()
-        outs = [mma.linear(x, w13[0], q13, 2 * inter, sms, tuning={"ahead": a}, grid_table=table) for a in (1, 2)]
+        outs = [mma.linear(x, w13[0], q13, 2 * inter, sms, tuning=tun, grid_table=table) for tun in AHEAD_TUNINGS]
         assert torch.equal(*outs), (types, m, sms)
     for pk in (False, True):
         pk13, pk2 = pk and q13 in mma.PACKERS, pk and q2 in mma.PACKERS
@@ -481,7 +485,7 @@ def test_two_halves_ahead_compute_the_same_products(monkeypatch, types):
             wts = torch.rand(t, top_k, generator=g)
             outs = [gm.gguf_moe(x, a13, a2, wts, ids, q13, q2, packed13=pk13, packed2=pk2,
                                 plan={**gm.moe_plan(t, top_k, e), "mma": True, "direct": direct,
-                                      "mma_tuning": {"ahead": a}}) for a in (1, 2)]
+                                      "mma_tuning": tun}) for tun in AHEAD_TUNINGS]
             assert torch.equal(*outs), (types, pk, t, direct)
             want = ref.moe_reference(x, w13, w2, wts, ids, q13, q2)
             assert ((outs[1].double() - want).norm() / want.norm()).item() <= 4e-3, (types, pk, t, direct)
