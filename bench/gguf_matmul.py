@@ -517,7 +517,7 @@ def bench_mma_sweep(bw, gen, rows, types=("Q4_K", "Q6_K"), tokens=(1, 32), grid=
     import itertools
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     grid = tuple(grid) + MMA_SWEEP_GRID[len(grid):]
-    cfgs = [dict(num_warps=w, reps=r, ctas_per_sm=c, ahead=a, l2_ahead=p)
+    cfgs = [dict(num_warps=w, **({"reps": r} if r else {}), ctas_per_sm=c, ahead=a, l2_ahead=p)   # reps 0: the type's
             for w, r, c, a, p in itertools.product(*grid)]
     for name in types:
         qt, w13, w2, expert_bytes = rank_experts(name, gen)
@@ -885,7 +885,8 @@ def main():
     ap.add_argument("--decode-sweep-tokens", default="1,32",
                     help="MoE token counts of the sweep part's decode shapes ('' for none)")
     ap.add_argument("--mma-sweep-grid", default=":".join(",".join(map(str, v)) for v in MMA_SWEEP_GRID),
-                    help="mma_sweep's warps:row repeats:programs an SM[:AHEAD[:L2_AHEAD]], e.g. 4:1,2:4:1,2:0,2")
+                    help="mma_sweep's warps:row repeats (0: the type's):programs an SM[:AHEAD[:L2_AHEAD]], "
+                         "e.g. 4:0:4:1,2:0,2")
     args = ap.parse_args()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
