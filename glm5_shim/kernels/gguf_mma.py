@@ -1365,7 +1365,8 @@ def kernel_configs() -> list[dict]:
                              constexprs=dict(QTYPE=qtype, WARPS=t["num_warps"], REPS=t["reps"],
                                              MOE=moe, ROUTE_WEIGHTED=weighted, ROUTING=routing.value,
                                              EPILOGUE=epilogue.value, TOPK=8, COLS=cols, PACKED=False,
-                                             AHEAD=t["ahead"] if cols == TOKENS else 1),
+                                             AHEAD=t["ahead"] if cols == TOKENS else 1, L2_AHEAD=t["l2_ahead"],
+                                             UNIT_BYTES=unit_bytes(qtype)),
                              num_warps=t["num_warps"], num_stages=1, gluon=True,
                              divisible_by_16=("x_ptr", "w_ptr", "out_ptr", "grid_ptr", "stride_xm", "stride_we",
                                               "stride_wn", "stride_om")))
@@ -1374,6 +1375,6 @@ def kernel_configs() -> list[dict]:
     for qtype in PACKERS:
         lower = gguf.GGMLQuantizationType(qtype).name.lower()
         packed += [dict(c, name=c["name"].replace(f"mma {lower}", f"mma {lower} packed"),
-                        constexprs=dict(c["constexprs"], PACKED=True)) for c in cfgs
+                        constexprs=dict(c["constexprs"], PACKED=True, UNIT_BYTES=unit_bytes(qtype, True))) for c in cfgs
                    if c["constexprs"]["QTYPE"] == qtype]
     return with_default_constexprs(cfgs + packed)
