@@ -1048,13 +1048,26 @@ _mma_moe_kernel = _mma_kernel if INTERPRET_K.value else jit(_renamed(_mma_kernel
 #   Q5_K 19 / 4 / 1.5 %, Q8_0 9 / 2 / 2 % (lm_head 8 and 13 %): reps 1;
 #   Q6_K 8 % faster at T = 1 but 2-2.5 % slower at 8 and 32, IQ2_XXS / IQ2_S within -7..+4 %: left at 128 rows.
 # The outputs agree with the 128-row ones within 8e-4 relative (split sums in another order).
+# Loads ahead, session 25 (RESULTS.md; the same sweep on an H200 and an H100, TP-8 MoE at T = 1-64): AHEAD=2 (the
+# next unit's two halves in flight) Q2_K 2-11 % faster at T >= 8 on both, Q4_K 0-5 % on the H200 and 4-13 % on the
+# H100 (same output bit for bit); Q6_K (packed) -6..+5 %, IQ2_XXS -4..+1 %: left at 1.  Under ncu (H200, Q4_K, 32
+# tokens) the w13 pass waits on loads 58 % of its stall cycles at 5.4 warps a scheduler and 44 % of DRAM bandwidth;
+# IQ2_XXS issues on 61-65 % of cycles with the SM's pipes 69-75 % busy, DRAM at 19-21 %: bound by its decode's
+# instructions, which more loads in flight do not shorten.  L2_AHEAD (L2 prefetch) 0-12 % slower: off.  More K
+# splits (ctas_per_sm 8-32) mixed within +-8 %: 4.
 MMA_TUNING = dict(num_warps=4, reps=2, ctas_per_sm=4, ahead=1, l2_ahead=0)
-MMA_TUNING_BY_TYPE = {Q4_K: dict(reps=1), Q5_K: dict(reps=1), Q8_0: dict(reps=1)}
+MMA_TUNING_BY_TYPE = {Q4_K: dict(reps=1, ahead=2), Q5_K: dict(reps=1), Q8_0: dict(reps=1), Q2_K: dict(ahead=2)}
 
 
 def tuning_for(qtype: int, tuning: dict | None = None) -> dict:
     """The launch shape of ``qtype``'s programs: MMA_TUNING, its type's measured change, then ``tuning``'s keys."""
     return {**MMA_TUNING, **MMA_TUNING_BY_TYPE.get(int(qtype), {}), **(tuning or {})}
+
+
+def ahead_for(tuning: dict, cols: int, routing: int) -> int:
+    """The AHEAD a launch takes: its tuning's, but 1 for programs wider than TOKENS rows and for the top-k sum (with
+    2 they spill: 32-row programs on every target, Q4_K's top-k sum on sm_80 and sm_120, session 25)."""
+    return tuning["ahead"] if cols == TOKENS and routing != TOKEN_SUM.value else 1
 
 
 def block_rows(tuning: dict) -> int:
@@ -1138,7 +1151,7 @@ def launch(x, w, out, *, qtype: int, n: int, num_valid: int, num_blocks: int, sp
         QTYPE=qtype, WARPS=t["num_warps"],
         REPS=t["reps"], MOE=moe, ROUTE_WEIGHTED=route_w is not None and routing != TOKEN_SUM.value,
         ROUTING=routing, EPILOGUE=epilogue, TOPK=max(2, 1 << (top_k - 1).bit_length()), COLS=cols, PACKED=packed,
-        AHEAD=t["ahead"] if cols == TOKENS else 1,   # wider programs spill with 2
+        AHEAD=ahead_for(t, cols, routing),
         L2_AHEAD=t["l2_ahead"], UNIT_BYTES=unit_bytes(qtype, packed), num_warps=t["num_warps"])
     if separate:
         _sum_planes(out, final, gated)
@@ -1365,7 +1378,7 @@ def kernel_configs() -> list[dict]:
                              constexprs=dict(QTYPE=qtype, WARPS=t["num_warps"], REPS=t["reps"],
                                              MOE=moe, ROUTE_WEIGHTED=weighted, ROUTING=routing.value,
                                              EPILOGUE=epilogue.value, TOPK=8, COLS=cols, PACKED=False,
-                                             AHEAD=t["ahead"] if cols == TOKENS else 1, L2_AHEAD=t["l2_ahead"],
+                                             AHEAD=ahead_for(t, cols, routing.value), L2_AHEAD=t["l2_ahead"],
                                              UNIT_BYTES=unit_bytes(qtype)),
                              num_warps=t["num_warps"], num_stages=1, gluon=True,
                              divisible_by_16=("x_ptr", "w_ptr", "out_ptr", "grid_ptr", "stride_xm", "stride_we",
