@@ -510,8 +510,8 @@ MMA_SWEEP_GRID = ((2, 4, 8), (1, 2, 4), (2, 4, 8), (1,), (0,))
 
 def bench_mma_sweep(bw, gen, rows, types=("Q4_K", "Q6_K"), tokens=(1, 32), grid=MMA_SWEEP_GRID):
     """Launch shapes of the register-MMA decode kernels (kernels/gguf_mma.MMA_TUNING): warps, row repeats,
-    programs an SM, halves of a super-block in flight and units prefetched into L2 ahead (a grid of fewer axes
-    leaves the others at 1 and 0), for the TP-8 MoE
+    programs an SM, halves of a super-block in flight and units prefetched into L2 ahead (a shorter grid takes
+    MMA_SWEEP_GRID's remaining axes), for the TP-8 MoE
     at each of ``tokens`` and q_a+kv_a / lm_head at T = 1, on the layout serving loads (gguf_mma.pack for PACKERS'
     types).  Each point's output is compared with the default shape's on the same inputs (rel_diff_vs_default)."""
     import itertools
