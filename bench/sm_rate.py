@@ -34,7 +34,8 @@ def default_cfg(what: str) -> dict:
     import gguf
     name = what.split()[-2] if what.endswith("packed") else what.split()[-1]
     t = gguf_mma.tuning_for(int(gguf.GGMLQuantizationType[name]))
-    return {k: t[k] for k in ("num_warps", "ctas_per_sm", "ahead", "l2_ahead", "stages")}
+    # a key this code's tuning lacks is a knob it does not have: its sweeps' "off" value (stages: no ring)
+    return {k: t.get(k, 0) for k in ("num_warps", "ctas_per_sm", "ahead", "l2_ahead", "stages")}
 
 
 def default_rows(doc: dict, what_prefix: str) -> dict:

@@ -31,5 +31,6 @@ def test_a_memory_bound_kernel_takes_the_bandwidth_ratio_and_the_default_shape_i
 
 
 def test_a_sweep_of_another_default_shape_is_not_taken():
-    # Q4_K's default takes AHEAD=2: a sweep recorded with AHEAD=1 is not its default shape
+    # Q4_K's default takes AHEAD=2: a sweep recorded with AHEAD=1 is not its default shape, nor one with a ring
     assert len(sm_rate.table(_doc("a", 4e12, 200.0, cfg_ahead=1), _doc("b", 2e12, 400.0, cfg_ahead=1))) == 2
+    assert len(sm_rate.table(_doc("a", 4e12, 200.0, stages=3), _doc("b", 2e12, 400.0, stages=3))) == 2

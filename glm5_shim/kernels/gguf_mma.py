@@ -1067,6 +1067,8 @@ def tuning_for(qtype: int, tuning: dict | None = None) -> dict:
 def ahead_for(tuning: dict, cols: int, routing: int) -> int:
     """The AHEAD a launch takes: its tuning's, but 1 for programs wider than TOKENS rows and for the top-k sum (with
     2 they spill: 32-row programs on every target, Q4_K's top-k sum on sm_80 and sm_120, session 25)."""
+    if tuning["ahead"] not in (1, 2):
+        raise ValueError(f"ahead={tuning['ahead']}: the kernel loads 1 (the next half) or 2 (the next unit) ahead")
     return tuning["ahead"] if cols == TOKENS and routing != TOKEN_SUM.value else 1
 
 

@@ -490,3 +490,10 @@ def test_loads_ahead_compute_the_same_products(monkeypatch, types):
             assert torch.equal(*outs), (types, pk, t, direct)
             want = ref.moe_reference(x, w13, w2, wts, ids, q13, q2)
             assert ((outs[1].double() - want).norm() / want.norm()).item() <= 4e-3, (types, pk, t, direct)
+
+
+def test_loads_ahead_other_than_one_or_two_are_refused():
+    with pytest.raises(ValueError, match="ahead=3"):
+        mma.ahead_for({"ahead": 3}, mma.TOKENS, mma.PAIRS.value)
+    assert mma.ahead_for({"ahead": 2}, mma.TOKENS, mma.PAIRS.value) == 2
+    assert mma.ahead_for({"ahead": 2}, 16, mma.SORTED.value) == 1
