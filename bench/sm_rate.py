@@ -7,11 +7,11 @@ memory bandwidth (the H200 and the H100 SXM: 132 SMs at 1.98 GHz, 4.27 and 3.02 
 with the type's default launch shape (kernels/gguf_mma.tuning_for), it prints the time on each, their ratio, and the
 bytes each SM took a clock (distinct weight bytes / time / SMs / clock).  A memory-bound kernel takes the bandwidth
 ratio longer on the slower GPU (1.41x); one bound by its SMs (instruction issue, latency) takes about the same time
-and the same bytes a clock on both.  Then, for each GPU of kernel_sass.GPUS, the bytes a clock an SM must take for
-the GPU to stream at full bandwidth, and the share of the floor the SMs allow there at the measured rate (the SM
-ceiling: at 100 % the kernel is bound by memory there, and its latency hiding decides how close it gets), assuming the
-same SASS runs at the same rate a clock (the sm_120 and sm_80 loops count within 0.3 instructions a weight of the
-sm_90 ones, bench/RESULTS.md session 10).  This is a projection, not a measurement on those GPUs.
+and the same bytes a clock on both.  Then, for each GPU of bench/kernel_sass.py's GPUS, the bytes a clock an SM
+must take for the GPU to stream at full bandwidth, and the share of the floor the SMs allow there at the measured
+rate (the SM ceiling: at 100 % the kernel is bound by memory there, and its latency hiding decides how close it
+gets), assuming the same SASS runs at the same rate a clock (the sm_120 and sm_80 loops count within 0.3
+instructions a weight of the sm_90 ones, bench/RESULTS.md session 10).  A projection, not a measurement there.
 """
 from __future__ import annotations
 
@@ -20,12 +20,13 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+_BENCH = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(_BENCH, ".."), _BENCH]
 
-SMS, CLOCK = 132, 1.98e9     # the H200's and the H100 SXM's SMs and boost clock (nvidia-smi on the device machines)
-# (SMs, clock Hz, memory bandwidth B/s): as in bench/kernel_sass.py (a copy: importing it needs Triton's compiler)
-GPUS = {"H200": (132, 1.98e9, 4.27e12), "RTX PRO 6000": (188, 2.6e9, 1.79e12), "RTX 4090": (128, 2.52e9, 1.01e12),
-        "RTX 3090": (82, 1.70e9, 0.936e12), "A100": (108, 1.41e9, 2.04e12)}
+from kernel_sass import GPUS  # noqa: E402  (SMs, clock, bandwidth) of the H200 and the GPUs the shim targets
+
+# the H200's SMs and clock as GPUS has them (1.98 GHz seen under load); the H100 SXM has the same (published)
+SMS, CLOCK = GPUS["H200"][:2]
 
 
 def default_cfg(what: str) -> dict:
