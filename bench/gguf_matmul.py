@@ -487,16 +487,17 @@ def bench_probe(types, tokens, bw, gen, rows):
         torch.cuda.empty_cache()
 
 
-def _sweep_point(rows, what, t, cfg, floor_us, calls, check=None):
-    """Time one launch configuration of a sweep (graph-captured ``calls``) and record it; a configuration that does
-    not compile or launch is recorded without a time.  check: (output of this configuration, the default
-    configuration's output) callables; their relative difference is recorded, so a faster shape is also a right one."""
+def _sweep_point(rows, what, qtype, t, cfg, floor_us, calls, check=None):
+    """Time one launch configuration of a sweep (graph-captured ``calls``) of GGUF type ``qtype`` (its name) and
+    record it; a configuration that does not compile or launch is recorded without a time.  check: (output of this
+    configuration, the default configuration's output) callables; their relative difference is recorded, so a
+    faster shape is also a right one."""
     try:
         us_ = graph_us(calls)
     except Exception as e:  # noqa: BLE001
         us_ = None
         print(f"sweep {what} T={t} {cfg}: {type(e).__name__}: {str(e)[:200]}")
-    row = dict(kind="sweep", what=what, T=t, cfg=cfg, us=us_, floor_us=floor_us)
+    row = dict(kind="sweep", what=what, qtype=qtype, T=t, cfg=cfg, us=us_, floor_us=floor_us)
     if check is not None and us_ is not None:
         got, want = (f().float() for f in check)
         row["rel_diff_vs_default"] = ((got - want).norm() / want.norm()).item()
@@ -535,7 +536,7 @@ def bench_mma_sweep(bw, gen, rows, types=("Q4_K", "Q6_K"), tokens=(1, 32), grid=
             want = moe(x, wts[0], ids[0], base).clone()
             for cfg in cfgs:
                 plan = {**base, "mma_tuning": cfg}
-                _sweep_point(rows, f"mma moe tp8 {name}{layout}", t, cfg, floor,
+                _sweep_point(rows, f"mma moe tp8 {name}{layout}", name, t, cfg, floor,
                              [lambda i=i, w=w, p=plan: moe(x, w, i, p) for i, w in zip(ids, wts)],
                              check=(lambda p=plan: moe(x, wts[0], ids[0], p), lambda: want))
         w13 = w2 = None
@@ -548,7 +549,7 @@ def bench_mma_sweep(bw, gen, rows, types=("Q4_K", "Q6_K"), tokens=(1, 32), grid=
         x = (torch.randn(1, k, device="cuda", generator=gen) * 0.5).to(torch.bfloat16)
         want = gguf_mma.linear(x, ws[0], qt, n, sms, packed=pk).clone()
         for cfg in cfgs:
-            _sweep_point(rows, f"mma {lname} {name}{layout}", 1, cfg, one / bw * 1e6,
+            _sweep_point(rows, f"mma {lname} {name}{layout}", name, 1, cfg, one / bw * 1e6,
                          [lambda w=w: gguf_mma.linear(x, w, qt, n, sms, tuning=cfg, packed=pk) for w in ws] * 2,
                          check=(lambda c=cfg: gguf_mma.linear(x, ws[0], qt, n, sms, tuning=c, packed=pk),
                                 lambda: want))
@@ -619,7 +620,7 @@ def bench_sweep(bw, gen, rows, types=("Q4_K",), prefill_tokens=(1024,), decode_t
             ids, wts, x, floor = call_inputs(t, gen, expert_bytes, bw)
             for cfg in cfgs:
                 plan = gm.moe_plan(t, TOP_K, EXPERTS, tuning=cfg)
-                _sweep_point(rows, f"moe tp8 {name}", t, cfg, floor,
+                _sweep_point(rows, f"moe tp8 {name}", name, t, cfg, floor,
                              [lambda i=i, w=w: gm.gguf_moe(x, w13, w2, w, i, qt, qt, align=ALIGN, plan=plan)
                               for i, w in zip(ids, wts)])
         w13 = w2 = None
@@ -639,7 +640,7 @@ def bench_sweep(bw, gen, rows, types=("Q4_K",), prefill_tokens=(1024,), decode_t
                 cfgs = [None] + (prefill if lname != "o_proj" else [])
             for cfg in cfgs:
                 plan = gm.linear_plan(t, n, k, sms, tuning=cfg) if cfg else gm.linear_plan(t, n, k, sms)
-                _sweep_point(rows, f"{lname} {name}", t, cfg or "dequant+cuBLAS", one / bw * 1e6,
+                _sweep_point(rows, f"{lname} {name}", name, t, cfg or "dequant+cuBLAS", one / bw * 1e6,
                              [lambda w=w: gm.gguf_linear(x, w, qt, plan=plan) for w in ws] * 2)
         ws = None
         torch.cuda.empty_cache()

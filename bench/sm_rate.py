@@ -29,11 +29,20 @@ from kernel_sass import GPUS  # noqa: E402  (SMs, clock, bandwidth) of the H200 
 SMS, CLOCK = GPUS["H200"][:2]
 
 
-def default_cfg(what: str) -> dict:
-    """The launch-shape keys of what's type as the plans take them now (the sweep records them without reps)."""
+def row_qtype(row: dict) -> str:
+    """The GGUF type a sweep row timed: recorded since session 27; older files only name it in the label
+    ("mma moe tp8 Q6_K packed")."""
+    if "qtype" in row:
+        return row["qtype"]
+    what = row["what"]
+    return what.split()[-2] if what.endswith("packed") else what.split()[-1]
+
+
+def default_cfg(name: str) -> dict:
+    """The launch-shape keys of GGUF type ``name`` as the plans take them now (the sweep records them without
+    reps)."""
     from glm5_shim.kernels import gguf_mma
     import gguf
-    name = what.split()[-2] if what.endswith("packed") else what.split()[-1]
     t = gguf_mma.tuning_for(int(gguf.GGMLQuantizationType[name]))
     # a key this code's tuning lacks is a knob it does not have: its sweeps' "off" value (stages: no ring)
     return {k: t.get(k, 0) for k in ("num_warps", "ctas_per_sm", "ahead", "l2_ahead", "stages")}
@@ -45,7 +54,7 @@ def default_rows(doc: dict, what_prefix: str) -> dict:
     for r in doc["rows"]:
         if r.get("kind") != "sweep" or not r["what"].startswith(what_prefix) or r.get("us") is None:
             continue
-        want = default_cfg(r["what"])
+        want = default_cfg(row_qtype(r))
         if "reps" in r["cfg"] or any(r["cfg"].get(k, want[k]) != v for k, v in want.items()):
             continue
         out[(r["what"], r["T"])] = r

@@ -34,3 +34,14 @@ def test_a_sweep_of_another_default_shape_is_not_taken():
     # Q4_K's default takes AHEAD=2: a sweep recorded with AHEAD=1 is not its default shape, nor one with a ring
     assert len(sm_rate.table(_doc("a", 4e12, 200.0, cfg_ahead=1), _doc("b", 2e12, 400.0, cfg_ahead=1))) == 2
     assert len(sm_rate.table(_doc("a", 4e12, 200.0, stages=3), _doc("b", 2e12, 400.0, stages=3))) == 2
+
+
+def test_the_type_comes_from_the_row_where_recorded_and_from_the_label_in_older_files():
+    assert sm_rate.row_qtype(dict(what="mma moe tp8 Q6_K packed")) == "Q6_K"
+    assert sm_rate.row_qtype(dict(what="mma moe tp8 Q2_K")) == "Q2_K"
+    # a recorded type wins over whatever the label says (labels are prose; they may change)
+    assert sm_rate.row_qtype(dict(what="mma moe tp8 Q4_K (ring)", qtype="Q4_K")) == "Q4_K"
+    fast, slow = _doc("a", 4e12, 200.0), _doc("b", 2e12, 400.0)
+    for d in (fast, slow):
+        d["rows"] = [dict(r, what="decode experts Q4_K, relabelled", qtype="Q4_K") for r in d["rows"]]
+    assert len(sm_rate.table(fast, slow, what_prefix="decode")) == 3
