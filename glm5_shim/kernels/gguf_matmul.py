@@ -186,7 +186,7 @@ def _load_step(wp, i, QTYPE: tl.constexpr, PACKED: tl.constexpr = False, num_sb=
     elif QTYPE == 16 and PACKED:  # IQ2_XXS's gguf_mma.PLANES: the row's code bytes (64 a super-block), then its d
         gp = wp[:, None] + (i // 2) * 64 + 32 * (i % 2) + 8 * tl.arange(0, 4)[None, :]       # [BN, 4]
         idx = tl.load(gp[:, :, None] + tl.arange(0, 4)[None, None, :])                      # [BN, 4, 4]
-        word = tl.load((gp + 4).to(tl.pointer_type(tl.int16))[:, :, None] + tl.arange(0, 2)[None, None, :])
+        word = tl.load((gp + 4).to(tl.pointer_type(tl.int32)))         # [BN, 4], spread (gguf_mma.pack_iq2_xxs)
         d = tl.load((wp + num_sb * 64 + (i // 2) * 2).to(tl.pointer_type(tl.int16)))        # [BN]
         return d, idx, word, word
     elif QTYPE == 22 and PACKED:  # IQ2_S's gguf_mma.PLANES: (index low bytes, sign bytes) 8 a sub-block, qh + scales, d
@@ -418,10 +418,27 @@ def _nibbles(codes, qh, shift, BF16: tl.constexpr, Q5: tl.constexpr):
 
 
 @triton.jit
-def _decode_step(raw, i, grid_ptr, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
+def _decode_step(raw, i, grid_ptr, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr, PACKED: tl.constexpr = False):
     """The loads of :func:`_load_step` as float32 weights [BLOCK_N, 128] in natural k order (``grid_ptr``: the
     type's grid table for IQ1/IQ2/IQ3 types, unread otherwise)."""
-    if QTYPE == 16 or QTYPE == 18:
+    if QTYPE == 16 and PACKED:
+        # packed IQ2_XXS: sign i = 2 j + e of row l at bit 4 j + l + 16 e of the group's word (gguf_mma.
+        # IQ2XXS_SIGN_MOVES), the rows' eighth signs (their parities) put at bits 28 + l, where the scale was
+        d, idx, word, _ = raw                                                                # word [BN, 4]
+        half_s = _exact_float((word >> 28) & 15, -0.5)
+        db = d.to(tl.float16, bitcast=True).to(tl.float32)[:, None] * (half_s * 0.25)
+        signs = word & 0x0FFFFFFF
+        p = signs ^ (signs >> 16)
+        p = p ^ (p >> 8)
+        p = p ^ (p >> 4)
+        signs = signs | ((p & 15) << 28)
+        row = tl.arange(0, 4)[None, None, :, None]
+        val = tl.arange(0, 8)[None, None, None, :]
+        bit31 = (signs[:, :, None, None] << (31 - (4 * (val >> 1) + row + 16 * (val & 1)))) & -2147483648
+        scale = tl.broadcast_to(db[:, :, None, None], (BLOCK_N, 4, 4, 8))
+        v = tl.reshape(_grid_rows(grid_ptr, idx.to(tl.int32), QTYPE), (BLOCK_N, 4, 4, 8))
+        w = v * (scale.to(tl.int32, bitcast=True) ^ bit31).to(tl.float32, bitcast=True)
+    elif QTYPE == 16 or QTYPE == 18:
         # IQ2_XXS / IQ3_XXS: group g of 32 values = 4 sign groups l of 8; its word holds sign index l at bits 7 l and
         # the scale s at bits 28-31; IQ2_XXS: 4 grid rows of 8 values, IQ3_XXS: 8 rows of 4
         d, idx, pairs, _ = raw
@@ -777,7 +794,7 @@ def _linear_kernel(x_ptr, w_ptr, grid_ptr, out_ptr, final_ptr, counter_ptr, M, N
         for i in range(first, last):
             nxt = _load_step(wp, tl.minimum(i + 1, last - 1), QTYPE, PACKED, num_steps // 2)  # in flight: i decodes
             a = tl.load(xp + i * 128, mask=m_ok[:, None], other=0.0)
-            acc = _tile_dot(a, _decode_step(raw, i, grid_ptr, QTYPE, BLOCK_N), acc, DOT_PRECISION, SWAP)
+            acc = _tile_dot(a, _decode_step(raw, i, grid_ptr, QTYPE, BLOCK_N, PACKED), acc, DOT_PRECISION, SWAP)
             raw = nxt
     acc = _tile_rows(acc, SWAP)
     op = out_ptr + pid_s * stride_os + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
@@ -825,7 +842,7 @@ def _dequant_kernel(w_ptr, grid_ptr, out_ptr, N, stride_wn, stride_on, num_steps
         raw = _load_step(wp, first, QTYPE, PACKED, num_steps // 2)
         for i in range(first, last):
             nxt = _load_step(wp, tl.minimum(i + 1, last - 1), QTYPE, PACKED, num_steps // 2)  # in flight: i decodes
-            w = _decode_step(raw, i, grid_ptr, QTYPE, BLOCK_N)
+            w = _decode_step(raw, i, grid_ptr, QTYPE, BLOCK_N, PACKED)
             tl.store(orow + i * 128 + tl.arange(0, 128)[None, :], w.to(out_ptr.dtype.element_ty), mask=ok)
             raw = nxt
 
@@ -908,9 +925,10 @@ def _moe_kernel(x_ptr, w_ptr, grid_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, ex
             nxt_g = _load_step(wp_g, nxt, QTYPE, PACKED, num_sb)
             nxt_u = _load_step(wp_u, nxt, QTYPE, PACKED, num_sb) if GATED else nxt_g
             a = tl.load(xp + i * 128, mask=ok[:, None], other=0.0)
-            acc = _tile_dot(a, _decode_step(raw_g, i, grid_ptr, QTYPE, BLOCK_N), acc, DOT_PRECISION, SWAP)
+            acc = _tile_dot(a, _decode_step(raw_g, i, grid_ptr, QTYPE, BLOCK_N, PACKED), acc, DOT_PRECISION, SWAP)
             if GATED:
-                acc_u = _tile_dot(a, _decode_step(raw_u, i, grid_ptr, QTYPE, BLOCK_N), acc_u, DOT_PRECISION, SWAP)
+                acc_u = _tile_dot(a, _decode_step(raw_u, i, grid_ptr, QTYPE, BLOCK_N, PACKED), acc_u, DOT_PRECISION,
+                                  SWAP)
             raw_g = nxt_g
             raw_u = nxt_u
     acc = _tile_rows(acc, SWAP)

@@ -215,6 +215,26 @@ def _iq_asm(fma: str, magic: str, one: str, neg: str, two_scales: bool, folded: 
 IQ_FOLDED = {False: True, True: False}    # whether the IQ decode folds the magic number into the scale's FMA
 
 
+def _iq_spread_asm(fma: str, magic: str, one: str, neg: str, folded: bool) -> str:
+    """Packed IQ2_XXS (signs re-encoded at load: spread_iq2xxs_signs): as _iq_asm with one scale ($22 $23; folded:
+    its -M s $24 $25), but each output register's two signs arrive already at bits 15 and 31 of its mask ($6, $10,
+    $14, $18: output $0..$3; a mask operand is 4 int32 registers of one value, the first read), so the sign is one
+    lop3 a register: out = u ^ (mask & 0x80008000)."""
+    high = int(magic, 16) >> 8 & 0xFF
+    lines = [".reg .b32 u0, u1, u2, u3, one, neg, zero, mb;", f"mov.b32 one, {one};",
+             f"mov.b32 neg, {neg};", f"mov.b32 zero, {_pair(0x8000)};", f"mov.b32 mb, {high * 0x01010101:#010x};"]
+    for src, (a, b) in (("$4", ("u0", "u1")), ("$5", ("u2", "u3"))):
+        lines += [f"prmt.b32 {a}, {src}, mb, 0x4140;", f"prmt.b32 {b}, {src}, mb, 0x4342;"]
+    for j, s_reg in enumerate(("$22", "$23", "$22", "$23")):
+        if folded:
+            lines += [f"{fma} u{j}, u{j}, {s_reg}, {('$24', '$25')[j % 2]};"]
+        else:
+            lines += [f"{fma} u{j}, u{j}, one, neg;", f"{fma} u{j}, u{j}, {s_reg}, zero;"]
+    for j, mask in enumerate(("$6", "$10", "$14", "$18")):
+        lines += [f"lop3.b32 ${j}, u{j}, {mask}, 0x80008000, 0x78;"]
+    return "{\n" + "\n".join(lines) + "\n}"
+
+
 _ASM_Q4K_BF16 = gl.constexpr(_decode_asm(Q4_K, False))
 _ASM_Q4K_FP16 = gl.constexpr(_decode_asm(Q4_K, True))
 _ASM_Q5K_BF16 = gl.constexpr(_decode_asm(Q5_K, False))
@@ -227,6 +247,13 @@ _ASM_IQ2XXS_BF16 = gl.constexpr(_decode_asm(IQ2_XXS, False))
 _ASM_IQ2XXS_FP16 = gl.constexpr(_decode_asm(IQ2_XXS, True))
 _ASM_IQ2S_BF16 = gl.constexpr(_decode_asm(IQ2_S, False))
 _ASM_IQ2S_FP16 = gl.constexpr(_decode_asm(IQ2_S, True))
+_ASM_IQ2XXS_SPREAD_BF16 = gl.constexpr(_iq_spread_asm("fma.rn.bf16x2", _pair(_MAGIC[False]), _pair(_ONE[False]),
+                                                      _pair(_NEG[(False, IQ2_XXS)]), IQ_FOLDED[False]))
+_ASM_IQ2XXS_SPREAD_FP16 = gl.constexpr(_iq_spread_asm("fma.rn.f16x2", _pair(_MAGIC[True]), _pair(_ONE[True]),
+                                                      _pair(_NEG[(True, IQ2_XXS)]), IQ_FOLDED[True]))
+# 4 outputs; lo, hi, 4 masks of 4 registers, the scale pair (bf16: and its -M s pair)
+_SPREAD_CONSTRAINTS_BF16 = gl.constexpr("=r,=r,=r,=r" + ",r" * 22)
+_SPREAD_CONSTRAINTS_FP16 = gl.constexpr("=r,=r,=r,=r" + ",r" * 20)
 _ASM_Q2K_BF16 = gl.constexpr(_decode_asm(Q2_K, False))
 _ASM_Q2K_FP16 = gl.constexpr(_decode_asm(Q2_K, True))
 
@@ -442,21 +469,76 @@ def _per_word(lo, hi, BN: tl.constexpr, L4: tl.constexpr):
 
 
 @jit
-def _iq2xxs_weights(aux0, aux1, d, grid_ptr, BN: tl.constexpr, L4: tl.constexpr, BF16: tl.constexpr):
+def _iq2xxs_weights(aux0, aux1, d, grid_ptr, BN: tl.constexpr, L4: tl.constexpr, BF16: tl.constexpr,
+                    SPREAD: tl.constexpr = False):
     """The 32 weights of sub-block slot of each row ([BN, 4] index and sign/scale words, d) as (low, high)
     [BN, 4, 4, 4]: word w of the low half is bytes 4 (w & 1) .. + 3 of grid row w >> 1 (high: row 2 + (w >> 1));
-    scale d (0.5 + top 4 bits) / 4 rounded to the activation dtype."""
+    scale d (0.5 + top 4 bits) / 4 rounded to the activation dtype.  SPREAD: aux1 as spread_iq2xxs_signs left it."""
     row_lo, half = _word_rows(L4)
     a0 = gl.expand_dims(aux0, 2)
-    a1 = gl.expand_dims(aux1, 2)
     lo0, lo1 = _grid_row_words(grid_ptr, _per_row((a0 >> (8 * row_lo)) & 255, BN))        # [BN, 4, 2] each
     hi0, hi1 = _grid_row_words(grid_ptr, _per_row((a0 >> (8 * row_lo + 16)) & 255, BN))
-    s_lo = _sign_byte(_per_row((a1 >> (7 * row_lo)) & 127, BN))                  # the rows' 8 sign bits
-    s_hi = _sign_byte(_per_row((a1 >> (7 * row_lo + 14)) & 127, BN))
     d32 = d.to(gl.float16, bitcast=True).to(gl.float32)
     scale = d32 * (0.5 + ((aux1 >> 28) & 15).to(gl.float32)) * 0.25
+    if SPREAD:
+        return _iq_weights_spread(_per_word(lo0, lo1, BN, L4), _per_word(hi0, hi1, BN, L4),
+                                  _iq2xxs_all_signs(aux1), scale, row_lo, half, L4, BF16)
+    a1 = gl.expand_dims(aux1, 2)
+    s_lo = _sign_byte(_per_row((a1 >> (7 * row_lo)) & 127, BN))                  # the rows' 8 sign bits
+    s_hi = _sign_byte(_per_row((a1 >> (7 * row_lo + 14)) & 127, BN))
     return _iq_weights(_per_word(lo0, lo1, BN, L4), _per_word(hi0, hi1, BN, L4), s_lo, s_hi, scale, scale, BN, L4,
                        BF16, False)
+
+
+@jit
+def _iq2xxs_all_signs(word):
+    """A spread sign word (spread_iq2xxs_signs) with each grid row g's eighth sign, the parity of its other seven,
+    at bit 28 + g where the scale was: three xor-folds compute all four rows' parities at once."""
+    signs = word & 0x0FFFFFFF
+    p = signs ^ (signs >> 16)
+    p = p ^ (p >> 8)
+    p = p ^ (p >> 4)
+    return signs | ((p & 15) << 28)
+
+
+@jit
+def _iq_weights_spread(lo, hi, signs, scale, row_lo, half, L4: tl.constexpr, BF16: tl.constexpr):
+    """_iq_weights for packed IQ2_XXS: magnitude words [BN, 4, 4], the sub-block's 32 signs [BN, 4] (value 8 g +
+    2 j + e's at bit 4 j + g + 16 e: _iq2xxs_all_signs), the float32 scale [BN, 4].  The output register of values
+    (j, e = 0, 1) of row g has its signs one left shift of the word away, by 15 - 4 j - g (to bits 15 and 31)."""
+    s3 = gl.expand_dims(signs, 2)
+    g = row_lo
+    m0 = s3 << (15 - 8 * half - g)          # low word, values 0, 1 of its 4: j = 2 half
+    m1 = s3 << (11 - 8 * half - g)          # values 2, 3: j = 2 half + 1
+    m2 = s3 << (13 - 8 * half - g)          # high word: row g + 2
+    m3 = s3 << (9 - 8 * half - g)
+    if BF16:
+        dt: tl.constexpr = gl.bfloat16
+    else:
+        dt: tl.constexpr = gl.float16
+    sc = scale.to(dt)
+    lo_b = _bytes(lo, L4)
+    hi_b = _bytes(hi, L4)
+    if INTERPRET_K:   # the same numbers without PTX: byte b's sign is bit 15 + 16 (b & 1) of mask b >> 1
+        byte = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.arange(0, 4), 0), 1), 2)
+        at = 15 + 16 * (byte & 1)
+        neg_lo = (gl.where(byte < 2, gl.expand_dims(m0, 3), gl.expand_dims(m1, 3)) >> at) & 1
+        neg_hi = (gl.where(byte < 2, gl.expand_dims(m2, 3), gl.expand_dims(m3, 3)) >> at) & 1
+        s32 = _broadcast_like(sc, lo_b).to(gl.float32)
+        return ((lo_b.to(gl.float32) * s32 * (1.0 - 2.0 * neg_lo.to(gl.float32))).to(dt),
+                (hi_b.to(gl.float32) * s32 * (1.0 - 2.0 * neg_hi.to(gl.float32))).to(dt))
+    else:
+        args = [lo_b, hi_b, gl.broadcast(gl.expand_dims(m0, 3), lo_b)[0], gl.broadcast(gl.expand_dims(m1, 3), lo_b)[0],
+                gl.broadcast(gl.expand_dims(m2, 3), lo_b)[0], gl.broadcast(gl.expand_dims(m3, 3), lo_b)[0],
+                _broadcast_like(sc, lo_b)]
+        if BF16:  # folded (_iq_spread_asm): -M s, exact
+            args = args + [_broadcast_like((sc.to(gl.float32) * -MAGIC_BF16).to(dt), lo_b)]
+            asm: tl.constexpr = _ASM_IQ2XXS_SPREAD_BF16
+            cons: tl.constexpr = _SPREAD_CONSTRAINTS_BF16
+        else:
+            asm: tl.constexpr = _ASM_IQ2XXS_SPREAD_FP16
+            cons: tl.constexpr = _SPREAD_CONSTRAINTS_FP16
+        return gl.inline_asm_elementwise(asm, cons, args, (sc.dtype, sc.dtype), is_pure=True, pack=4)
 
 
 @jit
@@ -777,10 +859,10 @@ def _load_half(QTYPE: tl.constexpr, rowp, slot, word, act_p, x_ok, sb, HF: tl.co
 
 @jit
 def _consume_half(acc, QTYPE: tl.constexpr, stage, slot, HF: tl.constexpr, BN: tl.constexpr, L4: tl.constexpr,
-                  ACC: tl.constexpr, BF16: tl.constexpr, grid_ptr, COLS: tl.constexpr):
+                  ACC: tl.constexpr, BF16: tl.constexpr, grid_ptr, COLS: tl.constexpr, PACKED: tl.constexpr):
     w0, w1, w2, w3, w4, w5, xt = stage
-    if QTYPE == 16:
-        w_lo, w_hi = _iq2xxs_weights(w0, w1, w2, grid_ptr, BN, L4, BF16)
+    if QTYPE == 16:   # packed IQ2_XXS: its sign words spread at load (pack_iq2_xxs)
+        w_lo, w_hi = _iq2xxs_weights(w0, w1, w2, grid_ptr, BN, L4, BF16, PACKED)
     elif QTYPE == 22:
         w_lo, w_hi = _iq2s_weights(w0, w1, w2, w3, w4, grid_ptr, BN, L4, BF16)
     elif QTYPE == 18:
@@ -952,16 +1034,16 @@ def _mma_kernel(x_ptr, w_ptr, out_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_p
             # issue the next unit's two halves, then decode this unit's two
             next0 = _load_half(QTYPE, rpn, slot, word, apn, x_ok, sbn, 0, BN, L4, PACKED, sb_per_expert)
             next1 = _load_half(QTYPE, rpn, slot, word, apn, x_ok, sbn, 1, BN, L4, PACKED, sb_per_expert)
-            acc = _consume_half(acc, QTYPE, stage0, slot, 0, BN, L4, ACC, BF16, grid_ptr, COLS)
-            acc = _consume_half(acc, QTYPE, stage1, slot, 1, BN, L4, ACC, BF16, grid_ptr, COLS)
+            acc = _consume_half(acc, QTYPE, stage0, slot, 0, BN, L4, ACC, BF16, grid_ptr, COLS, PACKED)
+            acc = _consume_half(acc, QTYPE, stage1, slot, 1, BN, L4, ACC, BF16, grid_ptr, COLS, PACKED)
             stage0 = next0
             stage1 = next1
         else:
             # issue the second half's loads, decode the first; issue the next unit's first half, decode the second
             stage1 = _load_half(QTYPE, rp, slot, word, ap, x_ok, sb, 1, BN, L4, PACKED, sb_per_expert)
-            acc = _consume_half(acc, QTYPE, stage0, slot, 0, BN, L4, ACC, BF16, grid_ptr, COLS)
+            acc = _consume_half(acc, QTYPE, stage0, slot, 0, BN, L4, ACC, BF16, grid_ptr, COLS, PACKED)
             stage0 = _load_half(QTYPE, rpn, slot, word, apn, x_ok, sbn, 0, BN, L4, PACKED, sb_per_expert)
-            acc = _consume_half(acc, QTYPE, stage1, slot, 1, BN, L4, ACC, BF16, grid_ptr, COLS)
+            acc = _consume_half(acc, QTYPE, stage1, slot, 1, BN, L4, ACC, BF16, grid_ptr, COLS, PACKED)
         if ROUTING == TOKEN_SUM:   # a slot ends (or the split does): its sum joins the total, weighted
             done = (sb == sb_per_expert - 1) | (u == last - 1)
             total = total + acc * gl.where(done, rw, 0.0)
@@ -1305,14 +1387,65 @@ def iq2_xxs_packed_row_bytes(k: int) -> int:
     return planar_row_bytes(IQ2_XXS, k)
 
 
+# Packed IQ2_XXS also re-encodes each sub-block's sign/scale word.  The file's holds grid row g's 7-bit sign index at
+# bits 7 g .. 7 g + 6 (sign i of the row's 8 values at bit 7 g + i; the eighth is their parity) and the scale at
+# 28-31.  Packed, sign i = 2 j + e of row g sits at bit 4 j + g + 16 e (the eighth, j = 3 and e = 1, left out: bits
+# 28-31 keep the scale): the two signs of the values one bf16x2 register holds are then one shift from bits 15 and
+# 31, where the decode xors them in (_iq_weights_spread), instead of an extract, a popc and a multiply a row.
+IQ2XXS_SIGN_MOVES = tuple((7 * g + i, 4 * (i >> 1) + g + 16 * (i & 1)) for g in range(4) for i in range(7))
+_SCALE_BITS = -(1 << 28)   # 0xF0000000 as int32
+
+
+def _move_bits(words, moves):
+    import torch
+    out = words & _SCALE_BITS
+    for src, dst in moves:
+        out |= torch.bitwise_left_shift(torch.bitwise_right_shift(words, src) & 1, dst)
+    return out
+
+
+def spread_iq2xxs_signs(words):
+    """int32 sign/scale words of IQ2_XXS sub-blocks, the file's encoding -> the packed one (IQ2XXS_SIGN_MOVES)."""
+    return _move_bits(words, IQ2XXS_SIGN_MOVES)
+
+
+def gather_iq2xxs_signs(words):
+    """spread_iq2xxs_signs' inverse."""
+    return _move_bits(words, tuple((dst, src) for src, dst in IQ2XXS_SIGN_MOVES))
+
+
 def pack_iq2_xxs(w):
-    return pack_planar(w, IQ2_XXS)
+    """pack_planar's layout with each sign/scale word spread (spread_iq2xxs_signs)."""
+    packed = pack_planar(w, IQ2_XXS)
+    nsb = w.shape[-1] // _block_bytes(IQ2_XXS)
+    _map_sign_words(packed, nsb, spread_iq2xxs_signs)
+    return packed
+
+
+def unpack_iq2_xxs(w, k: int):
+    """pack_iq2_xxs' inverse: the file's layout again."""
+    w = w.clone()
+    _map_sign_words(w, k // SB_VALUES.value, gather_iq2xxs_signs)
+    return unpack_planar(w, IQ2_XXS, k)
+
+
+def _map_sign_words(packed, nsb: int, recode) -> None:
+    """recode every sign/scale word of a packed IQ2_XXS weight [..., row bytes], in place: the code plane (the
+    row's first 64 nsb bytes) is 8 bytes a sub-block, the word little-endian in bytes 4-7."""
+    import torch
+    sub = packed[..., :64 * nsb].unflatten(-1, (8 * nsb, 8))[..., 4:]
+    b = sub.to(torch.int32)
+    words = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16) | (b[..., 3] << 24)
+    del b
+    words = recode(words)
+    sub.copy_(torch.stack([(words >> (8 * j)) & 255 for j in range(4)], -1).to(torch.uint8))
 
 
 # the packed layouts: qtype -> (pack(w), unpack(w, k)).  Serving repacks the types of
 # kernel_coverage.LOAD_PACKED_TYPES (measured faster); a type here and not there is for the bench and tests only.
 PACKERS = {Q8_0: (pack_q8_0, lambda w, k: unpack_q8_0(w)),
-           **{qt: (lambda w, qt=qt: pack_planar(w, qt), lambda w, k, qt=qt: unpack_planar(w, qt, k)) for qt in PLANES}}
+           **{qt: (lambda w, qt=qt: pack_planar(w, qt), lambda w, k, qt=qt: unpack_planar(w, qt, k)) for qt in PLANES},
+           IQ2_XXS: (pack_iq2_xxs, unpack_iq2_xxs)}
 
 
 def packed_row_bytes(qtype: int, k: int) -> int:

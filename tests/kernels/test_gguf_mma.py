@@ -388,9 +388,14 @@ def test_packed_iq2_is_the_same_bytes_and_the_same_products(name):
         assert torch.equal(mma.unpack(packed, qt, k), w)
         sb = min(1, nsb - 1)   # super-block 1 (or 0) of row 3, where the kernels read it
         blk = w[3, nbytes * sb:nbytes * (sb + 1)]
-        for j in range(8):     # sub-block j: its 8 bytes at 64 sb + 8 j
-            want = blk[2 + 8 * j:10 + 8 * j] if qt == mma.IQ2_XXS else torch.cat([blk[2 + 4 * j:6 + 4 * j],
-                                                                                  blk[34 + 4 * j:38 + 4 * j]])
+        for j in range(8):     # sub-block j: its 8 bytes at 64 sb + 8 j (IQ2_XXS: the word spread)
+            if qt == mma.IQ2_XXS:
+                word = torch.tensor([int.from_bytes(bytes(blk[6 + 8 * j:10 + 8 * j].tolist()), "little")])
+                spread = int(mma.spread_iq2xxs_signs(word.to(torch.int32))[0]) & 0xFFFFFFFF
+                want = torch.cat([blk[2 + 8 * j:6 + 8 * j], torch.tensor(list(spread.to_bytes(4, "little")),
+                                                                         dtype=torch.uint8)])
+            else:
+                want = torch.cat([blk[2 + 4 * j:6 + 4 * j], blk[34 + 4 * j:38 + 4 * j]])
             assert torch.equal(packed[3, 64 * sb + 8 * j:64 * sb + 8 * j + 8], want), j
         if qt == mma.IQ2_S:    # qh and scales at 64 nsb + 16 sb, d at 80 nsb + 2 sb
             assert torch.equal(packed[3, 64 * nsb + 16 * sb:64 * nsb + 16 * sb + 16], blk[66:82])
@@ -409,6 +414,27 @@ def test_packed_iq2_is_the_same_bytes_and_the_same_products(name):
     assert close.double().mean().item() < 0.5
     with pytest.raises(ValueError, match=f"whole {nbytes}-byte super-blocks"):
         mma.pack(torch.zeros(4, 100, dtype=torch.uint8), qt)
+
+
+def test_iq2_xxs_signs_spread_to_their_bits_and_back():
+    """spread_iq2xxs_signs moves sign i = 2 j + e of grid row g (the file's bit 7 g + i, i < 7) to bit 4 j + g + 16 e
+    and keeps the scale (bits 28-31) where it is; gather_iq2xxs_signs undoes it, for every bit alone and for random
+    words (negative ones too: the scale's top bit is the int32 sign)."""
+    for g in range(4):
+        for i in range(7):
+            one = torch.tensor([1 << (7 * g + i)], dtype=torch.int32)
+            assert int(mma.spread_iq2xxs_signs(one)[0]) == 1 << (4 * (i >> 1) + g + 16 * (i & 1)), (g, i)
+    for s in range(16):
+        scale = torch.tensor([(s << 28) - (1 << 32) if s >= 8 else s << 28], dtype=torch.int32)
+        assert torch.equal(mma.spread_iq2xxs_signs(scale), scale)
+    words = torch.randint(-2 ** 31, 2 ** 31, (4096,), generator=torch.Generator().manual_seed(5), dtype=torch.int64)
+    words = words.to(torch.int32)
+    spread = mma.spread_iq2xxs_signs(words)
+    assert not torch.equal(spread, words)
+    assert torch.equal(mma.gather_iq2xxs_signs(spread), words)
+    # the same number of set bits: a permutation of the bits
+    bits = lambda t: sum(int(((t >> b) & 1).sum()) for b in range(32))   # noqa: E731
+    assert bits(spread) == bits(words)
 
 
 def _blocks(qtype, n, k, g):
