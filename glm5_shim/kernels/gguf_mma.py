@@ -1397,10 +1397,16 @@ _SCALE_BITS = -(1 << 28)   # 0xF0000000 as int32
 
 
 def _move_bits(words, moves):
+    """words (int32) with bit src moved to bit dst for each (src, dst) of moves, the scale bits kept: one shift and
+    mask for all the bits that move by the same distance."""
     import torch
-    out = words & _SCALE_BITS
+    by_shift = {}
     for src, dst in moves:
-        out |= torch.bitwise_left_shift(torch.bitwise_right_shift(words, src) & 1, dst)
+        by_shift[dst - src] = by_shift.get(dst - src, 0) | (1 << dst)
+    out = words & _SCALE_BITS
+    for shift, mask in sorted(by_shift.items()):
+        moved = torch.bitwise_left_shift(words, shift) if shift >= 0 else torch.bitwise_right_shift(words, -shift)
+        out |= moved.bitwise_and_(mask)
     return out
 
 
@@ -1424,21 +1430,17 @@ def pack_iq2_xxs(w):
 
 def unpack_iq2_xxs(w, k: int):
     """pack_iq2_xxs' inverse: the file's layout again."""
-    w = w.clone()
+    w = w.contiguous().clone()
     _map_sign_words(w, k // SB_VALUES.value, gather_iq2xxs_signs)
     return unpack_planar(w, IQ2_XXS, k)
 
 
 def _map_sign_words(packed, nsb: int, recode) -> None:
-    """recode every sign/scale word of a packed IQ2_XXS weight [..., row bytes], in place: the code plane (the
-    row's first 64 nsb bytes) is 8 bytes a sub-block, the word little-endian in bytes 4-7."""
+    """recode every sign/scale word of a packed IQ2_XXS weight [..., row bytes] (contiguous), in place: the code plane
+    (the row's first 64 nsb bytes, rows 8-byte aligned) is 8 bytes a sub-block, the word in bytes 4-7."""
     import torch
-    sub = packed[..., :64 * nsb].unflatten(-1, (8 * nsb, 8))[..., 4:]
-    b = sub.to(torch.int32)
-    words = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16) | (b[..., 3] << 24)
-    del b
-    words = recode(words)
-    sub.copy_(torch.stack([(words >> (8 * j)) & 255 for j in range(4)], -1).to(torch.uint8))
+    words = packed.view(torch.int32)[..., :16 * nsb][..., 1::2]
+    words.copy_(recode(words))
 
 
 # the packed layouts: qtype -> (pack(w), unpack(w, k)).  Serving repacks the types of
