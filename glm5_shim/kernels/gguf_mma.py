@@ -37,6 +37,8 @@ IQ2_XXS, IQ2_S: a thread's 32 values are one sub-block (4 grid rows of 8), each 
 grid table, the row's sign byte (IQ2_XXS: 7 bits and their parity, a popc) multiplied into the 16-bit sign bits, and
 one FMA a weight pair for magic number and scale together in bf16 (X_ORDER_IQ, _iq_asm).  Offline SASS (sm_90, w13 /
 w2 pass): 5.3 / 5.9 instructions a weight for IQ2_XXS, 5.1 / 5.8 for IQ2_S, from 7.5 / 7.8 and 6.4 / 7.0 (session 18).
+Packed IQ2_XXS (what serving loads) has its sign words re-encoded at load so that each register's two signs are one
+shift from their bits (spread_iq2xxs_signs, _iq_weights_spread): 3.7 / 4.3 (sm_90 and sm_120), from 5.1 / 5.8.
 
 Split-K launches can sum their own splits (EPILOGUE, kernels/arrivals.py), and a MoE pass can skip the routing
 layout (ROUTING: PAIRS for w13, TOKEN_SUM for w2 with the top-k sum inside), so a decode MoE is two launches.
@@ -1312,7 +1314,8 @@ def unpack_q8_0(w):
 # 16-byte aligned wherever a row starts; then the scale planes; the row padded to PACKED_ROW_ALIGN.  Exact: the same
 # bytes, moved.
 #   Q6_K (210 B): 128 low-nibble + 64 high-bit bytes (a slot's 16 of each one 16-byte load), 16 int8 scales, d;
-#   IQ2_XXS (66 B): 8 sub-blocks of (4 grid-index bytes, the sign/scale word): one 8-byte load a sub-block; d;
+#   IQ2_XXS (66 B): 8 sub-blocks of (4 grid-index bytes, the sign/scale word, its signs re-encoded: pack_iq2_xxs):
+#   one 8-byte load a sub-block; d;
 #   IQ2_S (82 B): 8 sub-blocks of (4 grid-index low bytes, 4 sign bytes): one 8-byte load a sub-block; the 8 qh bytes
 #   and the 8 scale bytes; d.
 # (The kernels' offsets into each plane are in gguf_matmul._load_step and _load_half; tests pin them to these.)

@@ -2,8 +2,8 @@
 aligned loads.
 
 The file's Q8_0 (34-byte), Q6_K (210-byte), IQ2_XXS (66-byte) and IQ2_S (82-byte) blocks are only 2-byte aligned;
-``kernels/gguf_mma.pack`` moves the same bytes into a layout whose code bytes are 16-byte (IQ2: 8-byte) aligned
-(bit-equal products; the measurements are in
+``kernels/gguf_mma.pack`` moves the same bytes into a layout whose code bytes are 16-byte (IQ2: 8-byte) aligned,
+IQ2_XXS's sign words re-encoded on the way (bit-equal products; the measurements are in
 ``gguf/kernel_coverage.LOAD_PACKED_TYPES``).  A repacked weight's type becomes ``packed_type(type)`` in its layer
 (``qweight_type.weight_type``, a merged linear's ``shard_weight_type``, a MoE's ``w13_qweight_type`` /
 ``w2_qweight_type``): vLLM's GGUF methods pass that type to the shim's drop-ins, which read the weight packed and
