@@ -66,7 +66,7 @@ _SCRIPT = textwrap.dedent(
 
 @pytest.mark.parametrize("cc", TARGETS)
 def test_gguf_matmul_configs_compile(cc, repo_root):
-    recs = compile_records(_SCRIPT, cc, repo_root)
+    recs = compile_records(_SCRIPT, cc, repo_root, targets=TARGETS)
     runtime_scalars = [(r["name"], r["not_constexpr"]) for r in recs if r["not_constexpr"]]
     assert not runtime_scalars, runtime_scalars
     failed = [r for r in recs if not r["ok"]]

@@ -42,7 +42,7 @@ _SCRIPT = textwrap.dedent(
 
 
 def _compile_all(cc, repo_root):
-    return compile_records(_SCRIPT, cc, repo_root, timeout=600)
+    return compile_records(_SCRIPT, cc, repo_root, timeout=600, targets=TARGETS)
 
 
 @pytest.mark.parametrize("cc", TARGETS)
