@@ -145,6 +145,18 @@ def _ksign_byte(index):
 
 
 @triton.jit
+def _iq2xxs_all_signs(word):
+    """Packed IQ2_XXS sign words (gguf_mma.spread_iq2xxs_signs) with each grid row g's eighth sign, the parity of its
+    other seven, at bit 28 + g where the scale was (three xor-folds; the register-MMA kernels' twin, a Gluon function:
+    gguf_mma._iq2xxs_all_signs)."""
+    signs = word & 0x0FFFFFFF
+    p = signs ^ (signs >> 16)
+    p = p ^ (p >> 8)
+    p = p ^ (p >> 4)
+    return signs | ((p & 15) << 28)
+
+
+@triton.jit
 def _signed(scale, sign_byte):
     """scale [BN, 4, 4] float32 (a row of 8 values each), sign bytes [BN, 4, 4] int32 -> [BN, 4, 4, 8] float32: the
     scale with bit j of the byte as the sign of value j, xor-ed into the float's sign bit (no compare or select)."""
@@ -427,11 +439,7 @@ def _decode_step(raw, i, grid_ptr, QTYPE: tl.constexpr, BLOCK_N: tl.constexpr, P
         d, idx, word, _ = raw                                                                # word [BN, 4]
         half_s = _exact_float((word >> 28) & 15, -0.5)
         db = d.to(tl.float16, bitcast=True).to(tl.float32)[:, None] * (half_s * 0.25)
-        signs = word & 0x0FFFFFFF
-        p = signs ^ (signs >> 16)
-        p = p ^ (p >> 8)
-        p = p ^ (p >> 4)
-        signs = signs | ((p & 15) << 28)
+        signs = _iq2xxs_all_signs(word)
         row = tl.arange(0, 4)[None, None, :, None]
         val = tl.arange(0, 8)[None, None, None, :]
         bit31 = (signs[:, :, None, None] << (31 - (4 * (val >> 1) + row + 16 * (val & 1)))) & -2147483648

@@ -193,20 +193,9 @@ def _iq_asm(fma: str, magic: str, one: str, neg: str, two_scales: bool, folded: 
     (M + m) s - M s = m s takes the magic number out and scales: computed exactly before its one rounding, the same
     bits as the two steps (M s is exact: a power of two times a bf16).  fp16 keeps two steps: M s = 1024 s could
     overflow fp16."""
-    # the magic number's high byte in every byte: one prmt puts two magnitude bytes under it (M + m, m < 256)
-    high = int(magic, 16) >> 8 & 0xFF
-    lines = [".reg .b32 u0, u1, u2, u3, one, neg, zero, sg, m, mb;", f"mov.b32 one, {one};",
-             f"mov.b32 neg, {neg};", f"mov.b32 zero, {_pair(0x8000)};", f"mov.b32 mb, {high * 0x01010101:#010x};"]
-    for src, (a, b) in (("$4", ("u0", "u1")), ("$5", ("u2", "u3"))):
-        lines += [f"prmt.b32 {a}, {src}, mb, 0x4140;", f"prmt.b32 {b}, {src}, mb, 0x4342;"]
     scales = ("$8", "$9", "$10", "$11") if two_scales else ("$8", "$9", "$8", "$9")
-    if folded:
-        offsets = ("$12", "$13", "$14", "$15") if two_scales else ("$10", "$11", "$10", "$11")
-        for j, (s_reg, c_reg) in enumerate(zip(scales, offsets)):
-            lines += [f"{fma} u{j}, u{j}, {s_reg}, {c_reg};"]
-    else:
-        for j, s_reg in enumerate(scales):
-            lines += [f"{fma} u{j}, u{j}, one, neg;", f"{fma} u{j}, u{j}, {s_reg}, zero;"]
+    offsets = ("$12", "$13", "$14", "$15") if two_scales else ("$10", "$11", "$10", "$11")
+    lines = _iq_scaled_magnitudes(fma, magic, one, neg, scales, offsets if folded else None, ", sg, m")
     for signs, (a, b), (oa, ob) in (("$6", ("u0", "u1"), ("$0", "$1")), ("$7", ("u2", "u3"), ("$2", "$3"))):
         lines += [f"and.b32 sg, {signs}, 15;",
                   "mul.lo.u32 m, sg, 0x40008000;", f"lop3.b32 {oa}, {a}, m, 0x80008000, 0x78;",
@@ -217,21 +206,32 @@ def _iq_asm(fma: str, magic: str, one: str, neg: str, two_scales: bool, folded: 
 IQ_FOLDED = {False: True, True: False}    # whether the IQ decode folds the magic number into the scale's FMA
 
 
+def _iq_scaled_magnitudes(fma: str, magic: str, one: str, neg: str, scales: tuple, offsets: tuple | None,
+                          extra_regs: str = "") -> list[str]:
+    """The IQ asm's first part: the grid magnitudes of words $4 (low) and $5 (high) under the magic number (u0..u3,
+    two to a register) and scaled, unsigned: by scales[j] in one FMA with offsets[j] (-M s: folded), or by removing
+    M first (offsets None)."""
+    # the magic number's high byte in every byte: one prmt puts two magnitude bytes under it (M + m, m < 256)
+    high = int(magic, 16) >> 8 & 0xFF
+    lines = [f".reg .b32 u0, u1, u2, u3, one, neg, zero{extra_regs}, mb;", f"mov.b32 one, {one};",
+             f"mov.b32 neg, {neg};", f"mov.b32 zero, {_pair(0x8000)};", f"mov.b32 mb, {high * 0x01010101:#010x};"]
+    for src, (a, b) in (("$4", ("u0", "u1")), ("$5", ("u2", "u3"))):
+        lines += [f"prmt.b32 {a}, {src}, mb, 0x4140;", f"prmt.b32 {b}, {src}, mb, 0x4342;"]
+    for j, s_reg in enumerate(scales):
+        if offsets:
+            lines += [f"{fma} u{j}, u{j}, {s_reg}, {offsets[j]};"]
+        else:
+            lines += [f"{fma} u{j}, u{j}, one, neg;", f"{fma} u{j}, u{j}, {s_reg}, zero;"]
+    return lines
+
+
 def _iq_spread_asm(fma: str, magic: str, one: str, neg: str, folded: bool) -> str:
     """Packed IQ2_XXS (signs re-encoded at load: spread_iq2xxs_signs): as _iq_asm with one scale ($22 $23; folded:
     its -M s $24 $25), but each output register's two signs arrive already at bits 15 and 31 of its mask ($6, $10,
     $14, $18: output $0..$3; a mask operand is 4 int32 registers of one value, the first read), so the sign is one
     lop3 a register: out = u ^ (mask & 0x80008000)."""
-    high = int(magic, 16) >> 8 & 0xFF
-    lines = [".reg .b32 u0, u1, u2, u3, one, neg, zero, mb;", f"mov.b32 one, {one};",
-             f"mov.b32 neg, {neg};", f"mov.b32 zero, {_pair(0x8000)};", f"mov.b32 mb, {high * 0x01010101:#010x};"]
-    for src, (a, b) in (("$4", ("u0", "u1")), ("$5", ("u2", "u3"))):
-        lines += [f"prmt.b32 {a}, {src}, mb, 0x4140;", f"prmt.b32 {b}, {src}, mb, 0x4342;"]
-    for j, s_reg in enumerate(("$22", "$23", "$22", "$23")):
-        if folded:
-            lines += [f"{fma} u{j}, u{j}, {s_reg}, {('$24', '$25')[j % 2]};"]
-        else:
-            lines += [f"{fma} u{j}, u{j}, one, neg;", f"{fma} u{j}, u{j}, {s_reg}, zero;"]
+    lines = _iq_scaled_magnitudes(fma, magic, one, neg, ("$22", "$23", "$22", "$23"),
+                                  ("$24", "$25", "$24", "$25") if folded else None)
     for j, mask in enumerate(("$6", "$10", "$14", "$18")):
         lines += [f"lop3.b32 ${j}, u{j}, {mask}, 0x80008000, 0x78;"]
     return "{\n" + "\n".join(lines) + "\n}"
@@ -495,7 +495,8 @@ def _iq2xxs_weights(aux0, aux1, d, grid_ptr, BN: tl.constexpr, L4: tl.constexpr,
 @jit
 def _iq2xxs_all_signs(word):
     """A spread sign word (spread_iq2xxs_signs) with each grid row g's eighth sign, the parity of its other seven,
-    at bit 28 + g where the scale was: three xor-folds compute all four rows' parities at once."""
+    at bit 28 + g where the scale was: three xor-folds compute all four rows' parities at once.  (The tile kernels'
+    twin, a Triton function: gguf_matmul._iq2xxs_all_signs.)"""
     signs = word & 0x0FFFFFFF
     p = signs ^ (signs >> 16)
     p = p ^ (p >> 8)
@@ -863,7 +864,7 @@ def _load_half(QTYPE: tl.constexpr, rowp, slot, word, act_p, x_ok, sb, HF: tl.co
 def _consume_half(acc, QTYPE: tl.constexpr, stage, slot, HF: tl.constexpr, BN: tl.constexpr, L4: tl.constexpr,
                   ACC: tl.constexpr, BF16: tl.constexpr, grid_ptr, COLS: tl.constexpr, PACKED: tl.constexpr):
     w0, w1, w2, w3, w4, w5, xt = stage
-    if QTYPE == 16:   # packed IQ2_XXS: its sign words spread at load (pack_iq2_xxs)
+    if QTYPE == 16:   # PACKED: its sign words were spread at load (pack_iq2_xxs)
         w_lo, w_hi = _iq2xxs_weights(w0, w1, w2, grid_ptr, BN, L4, BF16, PACKED)
     elif QTYPE == 22:
         w_lo, w_hi = _iq2s_weights(w0, w1, w2, w3, w4, grid_ptr, BN, L4, BF16)
@@ -1449,8 +1450,9 @@ def _map_sign_words(packed, nsb: int, recode) -> None:
 # the packed layouts: qtype -> (pack(w), unpack(w, k)).  Serving repacks the types of
 # kernel_coverage.LOAD_PACKED_TYPES (measured faster); a type here and not there is for the bench and tests only.
 PACKERS = {Q8_0: (pack_q8_0, lambda w, k: unpack_q8_0(w)),
-           **{qt: (lambda w, qt=qt: pack_planar(w, qt), lambda w, k, qt=qt: unpack_planar(w, qt, k)) for qt in PLANES},
-           IQ2_XXS: (pack_iq2_xxs, unpack_iq2_xxs)}
+           **{qt: (lambda w, qt=qt: pack_planar(w, qt), lambda w, k, qt=qt: unpack_planar(w, qt, k)) for qt in PLANES
+              if qt != IQ2_XXS},
+           IQ2_XXS: (pack_iq2_xxs, unpack_iq2_xxs)}   # planar, and its sign words re-encoded
 
 
 def packed_row_bytes(qtype: int, k: int) -> int:
