@@ -32,26 +32,34 @@ case "$cmd" in
     src=${1:-/tmp/lcp/llama_cpp_python-0.3.36}/vendor/llama.cpp
     dest=${2:-.gpu/llamacpp}
     [[ -f "$src/CMakeLists.txt" ]] || { echo "no llama.cpp tree at $src" >&2; exit 2; }
-    rm -rf "$dest"; mkdir -p "$dest/tools" "$dest/ggml/src"
+    rm -rf "$dest"; mkdir -p "$dest/tools" "$dest/ggml/src" "$dest/scripts"
     cp "$src/CMakeLists.txt" "$src/LICENSE" "$dest/"
-    cp -r "$src/cmake" "$src/include" "$src/src" "$src/common" "$dest/"
-    # vendor: what common links (nlohmann, sheredom, cpp-httplib); mtmd's miniaudio, stb and hash stay behind
-    mkdir -p "$dest/vendor"
-    cp -r "$src/vendor/nlohmann" "$src/vendor/sheredom" "$src/vendor/cpp-httplib" "$dest/vendor/"
-    printf '%s\n' 'add_subdirectory(nlohmann)' 'add_subdirectory(sheredom)' \
-      'if (LLAMA_BUILD_COMMON)' '    add_subdirectory(cpp-httplib)' 'endif()' > "$dest/vendor/CMakeLists.txt"
-    cp -r "$src/tools/llama-bench" "$src/tools/batched-bench" "$dest/tools/"
-    # tools/CMakeLists.txt: the two benchmarks alone
-    printf '%s\n' 'add_subdirectory(llama-bench)' 'add_subdirectory(batched-bench)' > "$dest/tools/CMakeLists.txt"
+    cp -r "$src/cmake" "$src/include" "$src/src" "$src/common" "$src/vendor" "$dest/"
+    cp "$src/scripts/ui-assets.cmake" "$dest/scripts/"
+    cp -r "$src/tools/llama-bench" "$src/tools/batched-bench" "$src/tools/server" "$src/tools/mtmd" "$dest/tools/"
+    # the server's web UI: its CMake and templates only (no npm, no download: an empty asset table is embedded)
+    mkdir -p "$dest/tools/ui"
+    cp "$src"/tools/ui/{CMakeLists.txt,ui.cpp.in,ui.h.in,sources.cmake} "$dest/tools/ui/" 2>/dev/null || \
+      cp "$src"/tools/ui/{CMakeLists.txt,ui.cpp.in,ui.h.in} "$dest/tools/ui/"
+    rm -rf "$dest/tools/server/tests" "$dest/tools/server/bench"
+    # tools/CMakeLists.txt: the two benchmarks, and the server with what it links (ui, mtmd)
+    printf '%s\n' 'add_subdirectory(llama-bench)' 'add_subdirectory(batched-bench)' 'add_subdirectory(ui)' \
+      'add_subdirectory(mtmd)' 'add_subdirectory(server)' > "$dest/tools/CMakeLists.txt"
     cp "$src/ggml/CMakeLists.txt" "$dest/ggml/"
     cp -r "$src/ggml/cmake" "$src/ggml/include" "$dest/ggml/"
     find "$src/ggml/src" -maxdepth 1 -type f -exec cp {} "$dest/ggml/src/" \;
     cp -r "$src/ggml/src/ggml-cpu" "$src/ggml/src/ggml-cuda" "$dest/ggml/src/"
     # ggml/src/CMakeLists.txt adds every backend directory by name, guarded by its option (all OFF but CPU, CUDA)
     du -sh "$dest"
+    # what travels: one xz tarball (the build step unpacks it), a few MiB beside the vLLM bundle
+    tar -C "$(dirname "$dest")" -cJf "$dest.tar.xz" "$(basename "$dest")" && rm -rf "$dest"
+    du -sh "$dest.tar.xz"
     ;;
   build)
     dest=${1:-.gpu/llamacpp}; build=${BUILD_DIR:-/tmp/llamacpp-build}
+    if [[ ! -d "$dest" && -f "$dest.tar.xz" ]]; then
+      mkdir -p /tmp/llamacpp-src && tar -C /tmp/llamacpp-src -xJf "$dest.tar.xz" && dest=/tmp/llamacpp-src/$(basename "$dest")
+    fi
     export PATH="/usr/local/cuda/bin:$PATH"
     t0=$SECONDS
     cublas=()
@@ -75,12 +83,12 @@ case "$cmd" in
     fi
     cmake -S "$dest" -B "$build" -G Ninja "${cublas[@]}" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
       -DGGML_NATIVE=OFF -DGGML_CCACHE=OFF -DGGML_CUDA_FA="${BUILD_FA:-OFF}" -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-      -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_APP=OFF -DBUILD_SHARED_LIBS=OFF > "$build.cmake.log" 2>&1 \
+      -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_APP=OFF -DBUILD_SHARED_LIBS=OFF > "$build.cmake.log" 2>&1 \
       || { tail -30 "$build.cmake.log"; exit 1; }
     [[ -z "${CONFIGURE_ONLY:-}" ]] || { echo "configured in $((SECONDS - t0)) s: $build"; exit 0; }
-    cmake --build "$build" --target llama-bench llama-batched-bench -j "${JOBS:-$(nproc)}" > "$build.build.log" 2>&1 \
+    cmake --build "$build" --target llama-bench llama-batched-bench llama-server -j "${JOBS:-$(nproc)}" > "$build.build.log" 2>&1 \
       || { grep -m5 -B2 -A8 "error" "$build.build.log"; tail -5 "$build.build.log"; exit 1; }
-    echo "llama-bench and llama-batched-bench built in $((SECONDS - t0)) s: $build/bin"
+    echo "llama-bench, llama-batched-bench and llama-server built in $((SECONDS - t0)) s: $build/bin"
     ;;
   run)
     model=${1:?SLICE.gguf}; shift || true

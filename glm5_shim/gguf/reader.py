@@ -94,6 +94,17 @@ class GGUFModel:
     def file_size(self) -> int:
         return sum(p.stat().st_size for p in self.paths)
 
+    def shared_data(self) -> tuple[int, int]:
+        """(tensors whose bytes are another tensor's — the same shard and offset, as make-slice --shared-data writes;
+        bytes of all tensors): a file whose tensors point at one copy loads as the sum of them all."""
+        seen: set[tuple[int, int]] = set()
+        shared = 0
+        for info in self:
+            where = (info.shard, int(info.reader_tensor.data_offset))
+            shared += where in seen
+            seen.add(where)
+        return shared, sum(info.n_bytes for info in self)
+
     def arch_key(self, suffix: str) -> str:
         """`attention.head_count` → `glm-dsa.attention.head_count`."""
         return f"{self.architecture}.{suffix}"

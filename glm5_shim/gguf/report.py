@@ -212,6 +212,9 @@ def inspect_model(model: GGUFModel, assume: ServeAssumptions = ServeAssumptions(
     for info in model:
         by_type[info.type_name] += info.n_bytes
     report["tensor_bytes_by_type"] = dict(sorted(by_type.items()))
+    shared, tensor_bytes = model.shared_data()
+    if shared:
+        report["shared_data"] = {"tensors": shared, "tensor_bytes": tensor_bytes}
     try:
         config = build_hf_config(model, check_shapes=False)
     except GGUFError as exc:
@@ -265,6 +268,10 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"shards: {len(report['shards'])}")
     lines.append(f"architecture: {report['architecture']}   size: {_size(report['file_bytes'])}   "
                  f"tensors: {report['tensor_count']}")
+    if report.get("shared_data"):
+        lines.append(f"shared data: {report['shared_data']['tensors']} tensors point at another tensor's bytes "
+                     f"(make-slice --shared-data): {_size(report['shared_data']['tensor_bytes'])} of tensors, each "
+                     f"loaded as its own; llama.cpp reads only plain files (make-slice --plain-copy-of)")
     lines.append("tensor types: " + ", ".join(
         f"{name} x{count} ({_size(report['tensor_bytes_by_type'][name])})"
         for name, count in report["tensor_types"].items()))

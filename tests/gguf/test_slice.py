@@ -418,3 +418,114 @@ def test_peaked_slice_passes_the_embedding_through_its_mtp_layer(tmp_path):
             } == {**random, "blk.1.nextn.eh_proj.weight": ((6144, 12288), "F16")}
     assert main(["make-slice", str(tmp_path / "bad.gguf"), "--layers", "1", "--dense-layers", "1",
                  "--preset", "Q4_K_M", "--peaked"]) == 2
+
+
+# -- --shared-data: full depth in a file of a few GB, and its plain copy for llama.cpp ------------------------------
+
+def _layer_suffix(name: str) -> str:
+    return name.split(".", 2)[2]
+
+
+def test_full_depth_shared_plan_is_the_plain_model_with_few_distinct_layers():
+    """GLM-5's 78 layers + MTP at rank-of-8 Q4_K_M: the same tensors (names, shapes, types, order, magnitudes) as the
+    plain plan; each sharing tensor points at an earlier layer's tensor of the same suffix, type, shape and magnitude,
+    which owns its bytes; the MTP block and the first dense and MoE layers own theirs; the file holds a few GB of a
+    model of more than 50."""
+    plain = plan_slice(78, 3, "Q4_K_M", mtp=True, rank_of=8, peaked=True)
+    shared = plan_slice(78, 3, "Q4_K_M", mtp=True, rank_of=8, peaked=True, shared_data=True)
+    assert [dataclasses_replace_data_of(t) for t in shared.tensors] == plain.tensors
+    by_name = {t.name: t for t in shared.tensors}
+    sharers = [t for t in shared.tensors if t.data_of]
+    for t in sharers:
+        owner = by_name[t.data_of]
+        assert not owner.data_of and _layer_suffix(owner.name) == _layer_suffix(t.name)
+        assert int(owner.name.split(".")[1]) < int(t.name.split(".")[1])
+        assert (owner.type_name, owner.shape, owner.std, owner.mean) == (t.type_name, t.shape, t.std, t.mean)
+    owners_of_layer = {int(t.name.split(".")[1]) for t in sharers}
+    assert owners_of_layer == set(range(78)) - set(shared.distinct_layers)
+    assert {0, 3, 78} <= set(shared.distinct_layers) and len(shared.distinct_layers) <= 6
+    assert not any(t.data_of for t in shared.tensors if t.name.startswith("blk.78."))
+    assert shared.nbytes == plain.nbytes > 50e9 and shared.file_data_nbytes < 3e9
+
+
+def dataclasses_replace_data_of(t):
+    import dataclasses
+
+    return dataclasses.replace(t, data_of="")
+
+
+@pytest.fixture(scope="module")
+def shared8(tmp_path_factory):
+    """3 layers (1 dense + 2 MoE, the second pointing at the first's bytes), UD-IQ2_M-like, rank of 8 (~0.6 GB)."""
+    path = tmp_path_factory.mktemp("shared") / "glm5-3L-IQ2M-rank8-shared.gguf"
+    return make_slice(path, 3, 1, "UD-IQ2_M-like", rank_of=8, seed=5, shared_data=True)
+
+
+def test_shared_file_points_layers_at_one_copy_and_passes_every_check(shared8, capsys):
+    from glm5_shim.cli import main
+    from glm5_shim.gguf.tokenizer import build_hf_tokenizer
+
+    plan = shared8.plan
+    assert plan.distinct_layers == [0, 1]
+    reader = gguf.GGUFReader(shared8.path)
+    tensors = {t.name: t for t in reader.tensors}
+    assert [t.name for t in reader.tensors] == [t.name for t in plan.tensors]
+    sharers = [t for t in plan.tensors if t.data_of]
+    assert sharers and all(t.name.startswith("blk.2.") for t in sharers)
+    assert len(sharers) == sum(t.name.startswith("blk.2.") for t in plan.tensors)
+    for t in sharers:
+        assert tensors[t.name].data_offset == tensors[t.data_of].data_offset
+        assert np.array_equal(np.asarray(tensors[t.name].data), np.asarray(tensors[t.data_of].data))
+    owned = sorted(int(tensors[t.name].data_offset) for t in plan.tensors if not t.data_of)
+    assert len(set(owned)) == len(owned)   # owners do not overlap one another
+    assert shared8.nbytes == plan.file_data_nbytes == plan.nbytes - sum(t.nbytes for t in sharers)
+    assert shared8.path.stat().st_size == reader.data_offset + sum(-(-t.nbytes // 32) * 32 for t in plan.tensors
+                                                                   if not t.data_of)
+    assert open_gguf(shared8.path).metadata["glm5_shim.slice.shared_data"] is True
+    assert validate(shared8.path) == []
+    assert main(["inspect", str(shared8.path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["findings"] == []
+    assert report["shared_data"] == {"tensors": len(sharers), "tensor_bytes": plan.nbytes}
+    assert main(["inspect", str(shared8.path)]) == 0
+    assert f"shared data: {len(sharers)} tensors point at another tensor's bytes" in capsys.readouterr().out
+    assert len(build_hf_tokenizer(shared8.path)) == 19360
+
+
+def test_plain_copy_is_the_same_model_in_order(shared8, tmp_path, capsys):
+    """--plain-copy-of: every tensor's own bytes, one after another in plan order (what llama.cpp's reader takes),
+    equal to the shared file's; the metadata of a plain make-slice of the same arguments."""
+    from glm5_shim.cli import main
+    from glm5_shim.gguf.slice.writer import describe
+
+    out = tmp_path / "plain.gguf"
+    assert main(["make-slice", str(out), "--plain-copy-of", str(shared8.path), "--quiet"]) == 0
+    assert f"{shared8.plan.nbytes / 1e9:.2f} GB of tensor data written" in capsys.readouterr().out
+    src = {t.name: t for t in gguf.GGUFReader(shared8.path).tensors}
+    reader = gguf.GGUFReader(out)
+    expected_offset = reader.data_offset
+    for t in reader.tensors:
+        assert int(t.data_offset) == expected_offset, t.name
+        expected_offset += -(-int(t.n_bytes) // 32) * 32
+        assert t.tensor_type == src[t.name].tensor_type and list(t.shape) == list(src[t.name].shape)
+        assert np.array_equal(np.asarray(t.data), np.asarray(src[t.name].data)), t.name
+    assert out.stat().st_size == expected_offset
+    assert len(reader.tensors) == len(src)
+    plain_md, shared_md = open_gguf(out).metadata, open_gguf(shared8.path).metadata
+    assert "glm5_shim.slice.shared_data" not in plain_md and "tensor data shared" not in plain_md["general.description"]
+    assert plain_md["general.description"] == describe(plan_slice(3, 1, "UD-IQ2_M-like", rank_of=8))
+    differ = {k for k in shared_md.keys() | plain_md.keys() if shared_md.get(k) != plain_md.get(k)}
+    assert differ == {"glm5_shim.slice.shared_data", "general.description"}
+    assert validate(out) == [] and open_gguf(out).shared_data() == (0, shared8.plan.nbytes)
+
+
+def test_plain_copy_refuses_what_is_not_a_slice(tmp_path, capsys):
+    from glm5_shim.cli import main
+    from glm5_shim.gguf.fixture.writer import make_tiny
+
+    tiny = tmp_path / "tiny.gguf"
+    make_tiny(tiny, layers=2, mtp=False, write_reference=False)
+    assert main(["make-slice", str(tmp_path / "x.gguf"), "--plain-copy-of", str(tiny)]) == 2
+    assert "not a make-slice file (no glm5_shim.slice.layers" in capsys.readouterr().err
+    assert main(["make-slice", str(tmp_path / "y.gguf"), "--preset", "Q4_K_M"]) == 2
+    assert "make-slice needs --layers, --dense-layers (or --plain-copy-of)" in capsys.readouterr().err

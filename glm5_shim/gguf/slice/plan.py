@@ -49,6 +49,7 @@ class SliceTensor:
     std: float  # standard deviation of the values (the whole model's)
     mean: float = 0.0  # float tensors only: norms are ~1
     pass_through: float = 0.0  # float [n, 2n] only, --peaked's eh_proj: this gain times [identity | 0], not random
+    data_of: str = ""  # --shared-data: the tensor whose bytes this one's entry points at ("" = its own bytes)
 
     @property
     def n_values(self) -> int:
@@ -87,10 +88,59 @@ class SlicePlan:
     rank_of: int
     order: str  # the order actually used ("converter" or "quantize")
     peaked: bool = False
+    shared_data: bool = False
 
     @property
     def nbytes(self) -> int:
+        """Bytes of tensor data a loader reads (and a GPU holds): every tensor's, shared or not."""
         return sum(t.nbytes for t in self.tensors)
+
+    @property
+    def file_data_nbytes(self) -> int:
+        """Bytes of tensor data written to the file (unpadded): the tensors that own their bytes."""
+        return sum(t.nbytes for t in self.tensors if not t.data_of)
+
+    @property
+    def distinct_layers(self) -> list[int]:
+        """The decoder layers (MTP included) whose tensors own their bytes."""
+        return sorted({layer for t in self.tensors if not t.data_of and (layer := layer_of(t.name)) is not None})
+
+
+def layer_of(name: str) -> int | None:
+    """The block index of a `blk.N.*` tensor name, None for the others (token_embd, output, output_norm)."""
+    if not name.startswith("blk."):
+        return None
+    return int(name.split(".", 2)[1])
+
+
+def share_layer_data(tensors: list[SliceTensor], mtp_layer: int | None) -> list[SliceTensor]:
+    """--shared-data: each decoder layer whose tensors have exactly the names (past `blk.N.`), types, shapes and
+    magnitudes of an earlier layer's points its entries at that layer's bytes; the first layer of each such kind
+    keeps its own.  A GLM-5 slice has few kinds — the dense layers, the MoE layers (split further where the preset
+    gives some layers other types, as llama-quantize's Q4_K_M does), the MTP block (never shared: its tensors are
+    its own) — so 78 layers are written as a handful.  A loader still makes one tensor of each entry, so the
+    weights a step reads are the plain file's, at their full size; only the file is small."""
+    by_layer: dict[int, list[SliceTensor]] = {}
+    for t in tensors:
+        layer = layer_of(t.name)
+        if layer is not None:
+            by_layer.setdefault(layer, []).append(t)
+    first_of_kind: dict[tuple, int] = {}
+    source: dict[int, int] = {}
+    for layer in sorted(by_layer):
+        kind = tuple(sorted((t.name.split(".", 2)[2], t.type_name, t.shape, t.std, t.mean, t.pass_through)
+                            for t in by_layer[layer]))
+        if layer == mtp_layer:
+            continue
+        source[layer] = first_of_kind.setdefault(kind, layer)
+    out = []
+    for t in tensors:
+        layer = layer_of(t.name)
+        if layer is not None and source.get(layer, layer) != layer:
+            out.append(replace(t, data_of=f"blk.{source[layer]}.{t.name.split('.', 2)[2]}"))
+        else:
+            out.append(t)
+    return out
 
 
 def rank_config(config: dict[str, Any], rank_of: int) -> dict[str, Any]:
@@ -126,11 +176,12 @@ def _std_and_mean(name: str, full_shape: tuple[int, ...]) -> tuple[float, float]
 
 
 def plan_slice(layers: int, dense_layers: int, preset: str, *, mtp: bool = False, rank_of: int = 1,
-               order: str = "auto", peaked: bool = False) -> SlicePlan:
+               order: str = "auto", peaked: bool = False, shared_data: bool = False) -> SlicePlan:
     """Every tensor of a GLM-5 slice: `layers` decoder layers (the first `dense_layers` dense), `preset` types
     (fixture.tensor_types.PRESETS), the MTP block when `mtp`, one tensor-parallel rank of `rank_of`; tensor order
     `order` (ORDERS: "auto" is llama-quantize's, the tool that writes preset files); `peaked` (needs `mtp`): the
-    embedding, norms and eh_proj of PEAKED_GAIN's note, so that the MTP layer drafts the slice's greedy tokens."""
+    embedding, norms and eh_proj of PEAKED_GAIN's note, so that the MTP layer drafts the slice's greedy tokens;
+    `shared_data`: layers of one kind share their bytes in the file (share_layer_data)."""
     if peaked and not mtp:
         raise ValueError("--peaked makes the MTP layer draft the slice's tokens: it needs --mtp")
     if layers < 1:
@@ -162,7 +213,9 @@ def plan_slice(layers: int, dense_layers: int, preset: str, *, mtp: bool = False
         std, mean = _std_and_mean(name, full_shapes[name])
         tensor = SliceTensor(name, shapes[name], type_name, std, mean)
         tensors.append(_peaked(tensor) if peaked else tensor)
-    return SlicePlan(config, full, tokenizer, tensors, preset, rank_of, order, peaked)
+    if shared_data:
+        tensors = share_layer_data(tensors, layers if mtp else None)
+    return SlicePlan(config, full, tokenizer, tensors, preset, rank_of, order, peaked, shared_data)
 
 
 def _peaked(t: SliceTensor) -> SliceTensor:
