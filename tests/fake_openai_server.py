@@ -63,6 +63,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         return ids
     n = body.get("max_tokens") or 16
     out = generate(ids, n)
+    SPEC_TOKENS[0] += n
     texts = [f" w{t}" for t in out]
     if body.get("stream"):
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -205,11 +206,26 @@ async def stop_profile(_request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
+SPEC_K = 0  # from --speculative-config's num_speculative_tokens
+SPEC_TOKENS = [0]  # completion tokens served since start: the counters below grow with them
+
+
+async def metrics(_request: web.Request) -> web.Response:
+    """vLLM's spec-decode counters, made up: one draft of SPEC_K tokens a served token, 3 of 4 drafts accepted."""
+    n, k = SPEC_TOKENS[0], SPEC_K
+    text = "" if not k else "\n".join((
+        "# TYPE vllm:spec_decode_num_drafts counter", f'vllm:spec_decode_num_drafts_total{{engine="0"}} {n}.0',
+        f'vllm:spec_decode_num_draft_tokens_total{{engine="0"}} {n * k}.0',
+        f'vllm:spec_decode_num_accepted_tokens_total{{engine="0"}} {3 * n * k // 4}.0', ""))
+    return web.Response(text=text)
+
+
 def app() -> web.Application:
     a = web.Application()
     a.add_routes([web.get("/health", health), web.post("/v1/completions", completions),
                   web.post("/v1/chat/completions", chat), web.post("/tokenize", tokenize_endpoint),
-                  web.post("/start_profile", start_profile), web.post("/stop_profile", stop_profile)])
+                  web.post("/start_profile", start_profile), web.post("/stop_profile", stop_profile),
+                  web.get("/metrics", metrics)])
     return a
 
 
@@ -221,5 +237,7 @@ if __name__ == "__main__":
             MAX_MODEL_LEN = int(argv[i + 1])
         elif arg == "--profiler-config":
             PROFILER_DIR = Path(json.loads(argv[i + 1])["torch_profiler_dir"])
+        elif arg == "--speculative-config":
+            SPEC_K = int(json.loads(argv[i + 1])["num_speculative_tokens"])
     print("\n".join(STARTUP_LINES), flush=True)
     web.run_app(app(), host="127.0.0.1", port=port, print=None)

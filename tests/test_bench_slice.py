@@ -218,6 +218,11 @@ def test_decode_window_counts_only_tokens_while_every_stream_decodes():
     assert w["window_tokens"] == 20 and w["decode_tok_s"] == pytest.approx(20.0)
     assert w["per_stream_tok_s"] == pytest.approx(10.0)
     assert measure.decode_window([[1.0]])["decode_tok_s"] is None  # one token: no decode at all
+    # the same chunks carrying 2 tokens each (speculative decoding: a step emits 1 + accepted tokens)
+    w2 = measure.decode_window([a, b], [42, 22])
+    assert w2["window_tokens"] == 40 and w2["decode_tok_s"] == pytest.approx(40.0)
+    assert w2["per_stream_tok_s"] == pytest.approx((41 / 2.0 + 21 / 1.0) / 2) and w2["tokens_per_chunk"] == 2.0
+    assert measure.decode_window([a, b], [21, 11]) == dict(w, tokens_per_chunk=1.0)
 
 
 def test_logprobs_are_compared_token_by_token():
@@ -642,7 +647,12 @@ def test_parts_serve_alone_on_the_gpu_with_the_profiler_armed(tmp_path):
     cfg = json.loads(extra[extra.index("--profiler-config") + 1])
     assert cfg["profiler"] == "torch" and Path(cfg["torch_profiler_dir"]).is_absolute()
     assert cfg["ignore_frontend"] and not cfg["torch_profiler_with_stack"]
-    assert [p.key for p in parts.PARTS.values()] == list("abcdefghi")
+    assert [p.key for p in parts.PARTS.values()] == [*"abcdefghi", "F", "F32k", "FI", "FM1", "FM3"]
+    assert (parts.PARTS["FM1"].spec_k, parts.PARTS["FM3"].spec_k) == (1, 3)
+    assert len({parts.PARTS[k].server_key for k in ("F", "FM1", "FM3")}) == 3
+    # the full-depth 2k and 32k parts share one server whose model length takes a 32k prompt
+    assert parts.PARTS["F"].server_key == parts.PARTS["F32k"].server_key != parts.PARTS["a"].server_key
+    assert parts.serve_flags(tmp_path, parts.PARTS["F"].model_len)[0][1] == "34816"
     assert parts.PARTS["i"].env == {"GLM5_SHIM_GGUF_SPLITS": "launch"} and parts.PARTS["a"].env == {}
     assert parts.PARTS["g"].env == {"GLM5_SHIM_GGUF_DECODE": "tile"}
     assert parts.PARTS["i"].server_key != parts.PARTS["h"].server_key
@@ -655,3 +665,85 @@ def test_parts_serve_alone_on_the_gpu_with_the_profiler_armed(tmp_path):
     assert "GLM5_SHIM_ATTENTION" not in parts.SliceArm("b", "r8-Q4_K_M", "auto", "native").env()
     tile = parts.SliceArm("g", "r8-Q4_K_M", "auto", "shim", extra_env={"GLM5_SHIM_GGUF_DECODE": "tile"}).env()
     assert tile["GLM5_SHIM_GGUF_DECODE"] == "tile" and tile["GLM5_SHIM_ATTENTION"] == "triton"
+
+
+def test_full_depth_slices_are_the_shared_data_78_layer_ranks(tmp_path):
+    """The full-depth parts' slices: 78 layers (3 dense) + the MTP block, peaked, --shared-data; make_slice_file
+    reports the loaded bytes (the whole rank) apart from the file's, and reuses a complete file."""
+    for name in parts.FULL_DEPTH_SLICES:
+        plan = parts.slice_plan(name)
+        assert (plan.config["num_hidden_layers"], plan.config["first_k_dense_replace"]) == (78, 3)
+        assert plan.peaked and plan.shared_data and plan.config["num_nextn_predict_layers"] == 1
+        assert plan.file_data_nbytes < 3e9 < 25e9 < plan.nbytes
+    assert parts.slice_plan("r8-Q4_K_M").nbytes == parts.plan_groups(4, 1, "Q4_K_M", 8)["total"]
+    groups = parts.plan_groups(78, 3, "Q4_K_M", 8)
+    assert groups["moe_layers"] == 75 and groups["total"] < parts.slice_plan("r8-Q4_K_M-78L").nbytes  # no MTP block
+
+
+def test_full_depth_parts_against_the_stand_in_server(tmp_path, monkeypatch):
+    """Parts F and F32k on one server (the same key: started once), F's profiles at 1 and 8 streams, F32k's 32k
+    prompts inside the server's 34816-token length; the start-up record relates GPU weights to the rank's bytes."""
+    import e2e_parts.servers as servers
+
+    monkeypatch.setattr(servers, "LAUNCH", REPO / "tests" / "fake_launch.sh")
+    started = []
+    real_start = servers.start
+
+    def counting_start(arm, *a, **k):
+        started.append((arm.name, k.get("limits")))
+        return real_start(arm, *a, **k)
+    monkeypatch.setattr(parts, "start", counting_start)
+
+    def fake_slice(name, d):
+        path = tmp_path / f"{name}.gguf"
+        path.write_bytes(b"GGUF")
+        plan = parts.slice_plan(name)
+        return {"name": name, **parts.slice_shape(name), "path": str(path), "bytes": plan.nbytes,
+                "file_bytes": plan.file_data_nbytes, "bytes_by_group": parts.plan_groups(78, 3, "Q4_K_M", 8)}
+    monkeypatch.setattr(parts, "make_slice_file", fake_slice)
+    monkeypatch.setattr(parts, "OUT_LEN", 16)
+    monkeypatch.setattr(parts, "PROFILE_MAX_TOKENS", 64)
+    monkeypatch.setattr(parts.PARTS["F"], "concurrency", (1, 2))
+    monkeypatch.setattr(parts.PARTS["F32k"], "concurrency", (1,))
+    res = _run(tmp_path / "out", "--parts", "F,F32k")
+    f, f32 = res["parts"]["F"], res["parts"]["F32k"]
+    assert "error" not in f and "error" not in f32, (f.get("error"), f32.get("error"))
+    assert len(started) == 1 and started[0][1][1] == "34816" and f32["server"].startswith("reused")
+    assert set(f["profile"]) == {"decode_c1", "decode_c8", "prefill"}
+    assert all(w["seconds"] == 0.4 for k, w in f["profile"].items() if k.startswith("decode"))
+    assert [r["in_len"] for r in f32["decode"]] == [32768] and f32["decode"][0]["errors"] == 0
+    assert f32["prefill"]["requests"] == 2 and f32["prefill"]["errors"] == 0
+    md = (tmp_path / "out" / "slice.md").read_text()
+    assert "## Per decoder layer, decode" in md and "| F | decode_c1 | 78 |" in md and "| F | decode_c8 | 78 |" in md
+    st = f["startup"]
+    rank_bytes = parts.slice_plan("r8-Q4_K_M-78L").nbytes
+    assert st["weights_over_tensor_bytes"] == round(st["weights_gib"] * 2**30 / rank_bytes, 3)
+
+
+def test_mtp_parts_serve_with_a_draft_and_count_acceptance(tmp_path, monkeypatch):
+    """FM1 and FM3: each its own server with --speculative-config (method mtp, K), one at a time; every decode wave
+    records vLLM's spec-decode counters over it (the stand-in accepts 3 of 4 drafted tokens)."""
+    import e2e_parts.servers as servers
+
+    monkeypatch.setattr(servers, "LAUNCH", REPO / "tests" / "fake_launch.sh")
+    flags = []
+    real_start = servers.start
+    monkeypatch.setattr(parts, "start", lambda arm, *a, **k: (flags.append(k.get("extra")), real_start(arm, *a, **k)))
+
+    def fake_slice(name, d):
+        path = tmp_path / f"{name}.gguf"
+        path.write_bytes(b"GGUF")
+        return {"name": name, **parts.slice_shape(name), "path": str(path), "bytes": 1,
+                "bytes_by_group": parts.plan_groups(4, 1, "Q4_K_M", 8)}
+    monkeypatch.setattr(parts, "make_slice_file", fake_slice)
+    monkeypatch.setattr(parts, "OUT_LEN", 16)
+    res = _run(tmp_path / "out", "--parts", "FM1,FM3")
+    assert len(flags) == 2
+    for k, extra in zip((1, 3), flags):
+        assert json.loads(extra[extra.index("--speculative-config") + 1]) == {"method": "mtp",
+                                                                               "num_speculative_tokens": k}
+        rows = res["parts"][f"FM{k}"]["decode"]
+        assert [r["concurrency"] for r in rows] == [1, 8]
+        for r in rows:
+            assert r["spec"]["k"] == k and r["spec"]["draft_tokens"] == k * r["spec"]["drafts"] > 0
+            assert r["spec"]["acceptance"] == pytest.approx(0.75, abs=0.01)

@@ -18,23 +18,29 @@ from e2e_parts.throughput import random_prompt, stream_one
 from .kernels import group_trace, load_trace, newest_trace
 
 
-def decode_window(stamps: list[list[float]]) -> dict:
+def decode_window(stamps: list[list[float]], tokens: list[int] | None = None) -> dict:
     """The steady decode rate of a wave of concurrent streams: from the moment the last stream got its first token
     to the moment the first stream got its last one, every stream is decoding; tokens that arrived inside that
-    window over its length. Also the per-stream rate (median over streams of (n-1) / (last - first))."""
-    stamps = [s for s in stamps if len(s) >= 2]
-    if not stamps:
+    window over its length. Also the per-stream rate (median over streams of (n-1) / (last - first)).
+
+    `tokens` (each stream's completion tokens, from its usage): a chunk may carry several tokens (speculative
+    decoding accepts drafts: MTP's steps emit 1 + accepted tokens), so each stream's chunks count tokens / chunks
+    each; without it, one token a chunk."""
+    weights = [1.0 if not tokens or not tokens[i] else tokens[i] / len(s) for i, s in enumerate(stamps)]
+    pairs = [(s, w) for s, w in zip(stamps, weights) if len(s) >= 2]
+    if not pairs:
         return {"decode_tok_s": None, "per_stream_tok_s": None, "window_s": 0.0, "window_tokens": 0}
-    start = max(s[0] for s in stamps)
-    end = min(s[-1] for s in stamps)
-    per_stream = statistics.median((len(s) - 1) / (s[-1] - s[0]) for s in stamps if s[-1] > s[0]) \
-        if any(s[-1] > s[0] for s in stamps) else None
+    start = max(s[0] for s, _ in pairs)
+    end = min(s[-1] for s, _ in pairs)
+    rates = [(w * len(s) - 1) / (s[-1] - s[0]) for s, w in pairs if s[-1] > s[0]]
+    per_stream = statistics.median(rates) if rates else None
     if end <= start:
         return {"decode_tok_s": None, "per_stream_tok_s": per_stream and round(per_stream, 2), "window_s": 0.0,
                 "window_tokens": 0}
-    tokens = sum(1 for s in stamps for t in s if start < t <= end)
-    return {"decode_tok_s": round(tokens / (end - start), 1), "per_stream_tok_s": round(per_stream, 2),
-            "window_s": round(end - start, 3), "window_tokens": tokens}
+    n = sum(w for s, w in pairs for t in s if start < t <= end)
+    return {"decode_tok_s": round(n / (end - start), 1), "per_stream_tok_s": round(per_stream, 2),
+            "window_s": round(end - start, 3), "window_tokens": round(n),
+            "tokens_per_chunk": round(sum(w for _, w in pairs) / len(pairs), 3)}
 
 
 async def _wave(arm: Arm, prompts: list[list[int]], max_tokens: int) -> tuple[list[dict], float]:
@@ -59,7 +65,7 @@ def decode(arm: Arm, concurrency: int, in_len: int, out_len: int, vocab: list[in
               "wall_s": round(wall, 3), "output_tokens": sum(r["n"] for r in good),
               "ttft_ms_median": round(1e3 * statistics.median(r["ttft"] for r in good), 1) if good else None,
               "ttft_ms_max": round(1e3 * max(r["ttft"] for r in good), 1) if good else None}
-    result.update(decode_window([r["stamps"] for r in good]))
+    result.update(decode_window([r["stamps"] for r in good], [r.get("n", 0) for r in good]))
     if result["per_stream_tok_s"]:
         result["tpot_ms"] = round(1e3 / result["per_stream_tok_s"], 3)
     if len(good) < len(rows):

@@ -24,8 +24,29 @@ from .weights import plan_groups
 
 LAYERS, DENSE_LAYERS = 4, 1  # 1 dense + 3 MoE: GLM-5's layer kinds, each timed on its own in the profile
 SLICES = {"r8-Q4_K_M": ("Q4_K_M", 8), "r8-IQ2_M": ("UD-IQ2_M-like", 8), "full-Q4_K_M": ("Q4_K_M", 1)}
+# Full depth: GLM-5's 78 layers (3 dense) + the MTP block, one rank of TP 8, peaked (MTP drafts are accepted), written
+# with --shared-data (a 2.7 / 1.1 GB file that loads as the 58.4 / 29.2 GB rank: every layer its own GPU tensors)
+FULL_DEPTH = {"layers": 78, "dense_layers": 3, "mtp": True, "peaked": True, "shared_data": True}
+FULL_DEPTH_SLICES = {"r8-Q4_K_M-78L": ("Q4_K_M", 8), "r8-IQ2_M-78L": ("UD-IQ2_M-like", 8)}
+
+
+def slice_shape(name: str) -> dict:
+    """make-slice's arguments for a slice name (SLICES: 4 layers; FULL_DEPTH_SLICES: 78 + MTP, shared data)."""
+    if name in FULL_DEPTH_SLICES:
+        preset, rank_of = FULL_DEPTH_SLICES[name]
+        return {"preset": preset, "rank_of": rank_of, **FULL_DEPTH}
+    preset, rank_of = SLICES[name]
+    return {"preset": preset, "rank_of": rank_of, "layers": LAYERS, "dense_layers": DENSE_LAYERS}
+
+
+def slice_plan(name: str):
+    from glm5_shim.gguf.slice.plan import plan_slice
+
+    shape = dict(slice_shape(name))
+    return plan_slice(shape.pop("layers"), shape.pop("dense_layers"), shape.pop("preset"), **shape)
 # the serving limits (one server at a time, alone on the GPU)
 MAX_MODEL_LEN = 18432  # a 16k prompt + up to 2k generated
+FULL_DEPTH_MODEL_LEN = 34816  # a 32k prompt + up to 2k generated
 GPU_MEMORY_UTILIZATION = 0.90
 MAX_NUM_BATCHED_TOKENS = 8192  # the prefill chunk (and the prefill profile's prompt)
 MAX_NUM_SEQS = 64  # e2e_parts.servers.start's, = the highest concurrency measured
@@ -47,10 +68,19 @@ class Part:
     concurrency: tuple[int, ...] = (1, 8, 32, 64)
     in_len: int = 2048
     est_s: int = 180  # expected wall time with a fresh server (start-up included), for --budget-s
+    max_model_len: int = 0  # 0: MAX_MODEL_LEN
+    profile_concurrency: tuple[int, ...] = ()  # () : --profile-concurrency
+    profile_decode_s: float = 0.0  # 0: PROFILE_DECODE_S
+    prefill_requests: int = 0  # 0: 4-32 by prompt length
+    spec_k: int = 0  # MTP draft tokens a step (--speculative-config method mtp); 0: none
 
     @property
     def server_key(self) -> tuple:
-        return (self.slice, self.path, self.kernels, self.decode, self.splits)
+        return (self.slice, self.path, self.kernels, self.decode, self.splits, self.max_model_len, self.spec_k)
+
+    @property
+    def model_len(self) -> int:
+        return self.max_model_len or MAX_MODEL_LEN
 
     @property
     def env(self) -> dict:
@@ -80,6 +110,22 @@ PARTS = {p.key: p for p in (
     # the split sums A/B against a or h on one machine: separate reduction launches (session 6's MoE and linears)
     Part("i", "rank-of-8 Q4_K_M, shim arm, split sums by launch (GLM5_SHIM_GGUF_SPLITS=launch)", "r8-Q4_K_M", "shim",
          ("startup", "decode", "profile"), splits="launch", concurrency=(1, 32), est_s=170),
+    # full depth (issue #47): one server (32k prompts fit) for the 2k and the 32k parts; profiles of a few steps
+    # (a full-depth step launches thousands of kernels: the trace of 0.4 s is ~100k events)
+    Part("F", "full depth (78 layers + MTP block), rank-of-8 Q4_K_M, shim arm, 2k prompts", "r8-Q4_K_M-78L", "shim",
+         ("startup", "decode", "profile", "prefill"), concurrency=(1, 2, 4, 8, 32), est_s=420,
+         max_model_len=FULL_DEPTH_MODEL_LEN, profile_concurrency=(1, 8), profile_decode_s=0.4, prefill_requests=8),
+    Part("F32k", "full depth, rank-of-8 Q4_K_M, shim arm, 32k prompts", "r8-Q4_K_M-78L", "shim",
+         ("startup", "decode", "prefill"), concurrency=(1, 2, 4, 8), in_len=32768, est_s=240,
+         max_model_len=FULL_DEPTH_MODEL_LEN, prefill_requests=2),
+    Part("FI", "full depth, rank-of-8 UD-IQ2_M-like, shim arm, 2k prompts", "r8-IQ2_M-78L", "shim",
+         ("startup", "decode", "profile"), concurrency=(1, 8, 32), est_s=360, max_model_len=FULL_DEPTH_MODEL_LEN,
+         profile_concurrency=(1,), profile_decode_s=0.4),
+    # MTP on the peaked full-depth rank (its MTP layer drafts the trunk's greedy tokens): acceptance from vLLM's
+    # spec-decode counters over each decode wave
+    *(Part(f"FM{k}", f"full depth, rank-of-8 Q4_K_M, shim arm, MTP K={k}", "r8-Q4_K_M-78L", "shim",
+           ("startup", "decode"), concurrency=(1, 8), est_s=360, max_model_len=FULL_DEPTH_MODEL_LEN, spec_k=k)
+      for k in (1, 3)),
 )}
 
 
@@ -99,11 +145,11 @@ class SliceArm(Arm):
         return env
 
 
-def serve_flags(trace_dir: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def serve_flags(trace_dir: Path, max_model_len: int = MAX_MODEL_LEN) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(limits, extra) for e2e_parts.servers.start: one server alone on the GPU, CUDA graphs on (vLLM's default),
     no prefix caching (random prompts are computed, warm-ups do not pre-fill the timed requests), the torch profiler
     armed (it records only between /start_profile and /stop_profile)."""
-    limits = ("--max-model-len", str(MAX_MODEL_LEN), "--gpu-memory-utilization", str(GPU_MEMORY_UTILIZATION))
+    limits = ("--max-model-len", str(max_model_len), "--gpu-memory-utilization", str(GPU_MEMORY_UTILIZATION))
     extra = ("--max-num-batched-tokens", str(MAX_NUM_BATCHED_TOKENS), "--no-enable-prefix-caching",
              *profiler_flags(trace_dir))
     return limits, extra
@@ -157,15 +203,17 @@ def make_slice_file(name: str, slice_dir: Path) -> dict:
     leaves only the temporary file, which the next run overwrites)."""
     import shutil
 
-    from glm5_shim.gguf.slice.plan import plan_slice
     from glm5_shim.gguf.slice.writer import slice_info, write_plan
 
-    preset, rank_of = SLICES[name]
+    shape = slice_shape(name)
     path = slice_dir / f"{name}.gguf"
-    plan = plan_slice(LAYERS, DENSE_LAYERS, preset, rank_of=rank_of)
-    info = {"name": name, "preset": preset, "rank_of": rank_of, "layers": LAYERS, "dense_layers": DENSE_LAYERS,
-            "bytes_by_group": plan_groups(LAYERS, DENSE_LAYERS, preset, rank_of)}
-    if path.is_file() and path.stat().st_size >= plan.nbytes:
+    plan = slice_plan(name)
+    info = {"name": name, **shape,
+            "bytes_by_group": plan_groups(shape["layers"], shape["dense_layers"], shape["preset"], shape["rank_of"])}
+    if plan.shared_data:
+        info["file_data_bytes"] = plan.file_data_nbytes
+        info["distinct_layers"] = plan.distinct_layers
+    if path.is_file() and path.stat().st_size >= plan.file_data_nbytes:
         info.update(path=str(path), bytes=plan.nbytes, reused=True, file_bytes=path.stat().st_size,
                     tensor_sha256=tensor_digest(path))
         return info
@@ -173,12 +221,13 @@ def make_slice_file(name: str, slice_dir: Path) -> dict:
     partial = slice_dir / f"{name}.partial.gguf"
     partial.unlink(missing_ok=True)
     free = shutil.disk_usage(slice_dir).free
-    if free < plan.nbytes + SLICE_DISK_SPARE:
-        raise RuntimeError(f"slice {name}: {plan.nbytes / 1e9:.1f} GB to write, {free / 1e9:.1f} GB free on "
+    if free < plan.file_data_nbytes + SLICE_DISK_SPARE:
+        raise RuntimeError(f"slice {name}: {plan.file_data_nbytes / 1e9:.1f} GB to write, {free / 1e9:.1f} GB free on "
                            f"{slice_dir} (and {SLICE_DISK_SPARE / 2**30:.0f} GiB kept spare)")
     result = slice_info(write_plan(partial, plan, seed=0))
     os.replace(partial, path)
-    info.update(result, path=str(path), file_bytes=path.stat().st_size, tensor_sha256=tensor_digest(path))
+    info.update(result, bytes=plan.nbytes, path=str(path), file_bytes=path.stat().st_size,
+                tensor_sha256=tensor_digest(path))
     return info
 
 
@@ -269,7 +318,11 @@ class Runner:
                        part.slice, "auto", part.path, port=free_port_from(self.args.base_port + self.servers_started),
                        kernels=part.kernels, server_key=part.server_key, trace_dir=trace_dir,
                        extra_env=part.env)
-        limits, extra = serve_flags(trace_dir)
+        limits, extra = serve_flags(trace_dir, part.model_len)
+        if part.spec_k:
+            from mtp import speculative_config
+
+            extra = (*extra, "--speculative-config", speculative_config(part.spec_k))
         self.servers_started += 1
         start(arm, {part.slice: self.results["slices"][part.slice]["path"]}, self.out, 1, extra=extra, limits=limits)
         self.arm, self.rss = arm, PeakRss(arm.proc.pid)
@@ -291,6 +344,9 @@ class Runner:
         info = self.results["slices"][arm.quant]
         if nums.get("load_s"):
             nums["load_gb_s"] = round(info["bytes"] / 1e9 / nums["load_s"], 2)
+        if nums.get("weights_gib") and info.get("bytes"):
+            # the GPU holds every layer's own tensors (a --shared-data file is a fraction of this): about 1 here
+            nums["weights_over_tensor_bytes"] = round(nums["weights_gib"] * 2**30 / info["bytes"], 3)
         used = used_mib() if ok else None
         if used is not None:
             nums["gpu_used_gib"] = round(used / 1024, 2)
@@ -343,10 +399,7 @@ class Runner:
         made = self.results["slices"].get(name)
         if (made and Path(made.get("path", "")).is_file()) or name == PARTS["a"].slice:
             return 0.0
-        from glm5_shim.gguf.slice.plan import plan_slice
-
-        preset, rank_of = SLICES[name]
-        return plan_slice(LAYERS, DENSE_LAYERS, preset, rank_of=rank_of).nbytes / 0.8e9
+        return slice_plan(name).file_data_nbytes / 0.8e9
 
     def trace_wait_s(self) -> float:
         """How long to wait for the profiler's trace file: 90 s, less when the budget is nearer."""
@@ -373,11 +426,17 @@ class Runner:
                     if not self.budget_left(20 + (part.in_len // 2048) * 3 * (c // 8 + 1)):
                         res.setdefault("skipped_steps", []).append(f"decode c={c}")
                         continue
+                    before = spec_counters(arm) if part.spec_k else None
                     rows.append(measure.decode(arm, c, part.in_len, OUT_LEN, self.vocab))
+                    if before is not None:
+                        from mtp import metrics_delta
+
+                        # the warm-up wave's few tokens are counted too
+                        rows[-1]["spec"] = dict(metrics_delta(before, spec_counters(arm)), k=part.spec_k)
                     self.log(f"decode {rows[-1]}")
                     self.save()
             elif step == "prefill":
-                n = max(4, min(32, 65536 // part.in_len))
+                n = part.prefill_requests or max(4, min(32, 65536 // part.in_len))
                 res["prefill"] = measure.prefill(arm, min(8, n), n, part.in_len, self.vocab)
                 self.log(f"prefill {res['prefill']}")
             elif step == "logprobs":
@@ -389,14 +448,15 @@ class Runner:
     def profile(self, part: Part, arm: SliceArm, res: dict) -> None:
         prof = res.setdefault("profile", {})
         decoded = {r["concurrency"]: r for r in res.get("decode", []) if r.get("ttft_ms_max")}
-        for c in self.args.profile_concurrency:
+        for c in part.profile_concurrency or self.args.profile_concurrency:
             if not self.budget_left(40):
                 res.setdefault("skipped_steps", []).append(f"profile decode c={c}")
                 continue
             ttft = decoded.get(c, {}).get("ttft_ms_max", 3000.0) / 1e3
-            max_tokens = min(PROFILE_MAX_TOKENS, MAX_MODEL_LEN - part.in_len - 8)
+            max_tokens = min(PROFILE_MAX_TOKENS, part.model_len - part.in_len - 8)
             prof[f"decode_c{c}"] = measure.profile_decode(arm, arm.trace_dir, c, part.in_len, self.vocab, ttft,
-                                                          PROFILE_DECODE_S, max_tokens, self.trace_wait_s())
+                                                          part.profile_decode_s or PROFILE_DECODE_S, max_tokens,
+                                                          self.trace_wait_s())
             self.log(f"profile decode c={c}: {_short(prof[f'decode_c{c}'])}")
             self.save()
         if not self.budget_left(40):
@@ -405,6 +465,13 @@ class Runner:
             prof["prefill"] = measure.profile_prefill(arm, arm.trace_dir, MAX_NUM_BATCHED_TOKENS, 3, self.vocab,
                                                       self.trace_wait_s())
             self.log(f"profile prefill: {_short(prof['prefill'])}")
+
+
+def spec_counters(arm: SliceArm) -> dict:
+    """vLLM's spec-decode counters (bench/mtp.py's parse of /metrics)."""
+    from mtp import _metrics, parse_spec_metrics
+
+    return parse_spec_metrics(_metrics(arm))
 
 
 def _short(p: dict) -> str:

@@ -8,6 +8,13 @@ def _v(x, fmt="{}"):
     return "-" if x is None else fmt.format(x)
 
 
+def _spec(spec: dict | None) -> str:
+    if not spec:
+        return "-"
+    acc = spec.get("acceptance")
+    return f"{spec.get('k')}: {'-' if acc is None else f'{acc:.2f}'}"
+
+
 def report(results: dict) -> str:
     s = results.get("serve", {})
     lines = [f"# GLM-5 slices served — {results.get('date', '')} — {results.get('gpu', '')}", "",
@@ -47,11 +54,13 @@ def report(results: dict) -> str:
     if rows:
         lines += ["## Decode (steady window: every stream decoding) and time to first token", "",
                   "| part | prompt | concurrency | decode output tok/s | per stream tok/s (TPOT ms) "
-                  "| TTFT ms median / max | window s | errors |", "|---|---|---|---|---|---|---|---|"]
+                  "| TTFT ms median / max | window s | errors | MTP K: acceptance |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for k, r in rows:
             lines.append(f"| {k} | {r['in_len']} | {r['concurrency']} | {_v(r.get('decode_tok_s'))} | "
                          f"{_v(r.get('per_stream_tok_s'))} ({_v(r.get('tpot_ms'))}) | {_v(r.get('ttft_ms_median'))} / "
-                         f"{_v(r.get('ttft_ms_max'))} | {_v(r.get('window_s'))} | {r.get('errors')} |")
+                         f"{_v(r.get('ttft_ms_max'))} | {_v(r.get('window_s'))} | {r.get('errors')} | "
+                         f"{_spec(r.get('spec'))} |")
         lines.append("")
     pre = [(k, p["prefill"]) for k, p in parts.items() if p.get("prefill")]
     if pre:
@@ -104,6 +113,7 @@ def report(results: dict) -> str:
             kinds = ", ".join(f"{kind} {us} µs" for kind, us in (pr.get("other_kinds") or {}).items())
             lines.append(f"- {k} {name}: {tops or '-'}" + (f"; other by kind: {kinds}" if kinds else ""))
         lines.append("")
+        lines += per_layer_table(results, profs)
     for key, p in parts.items():
         st = p.get("startup") or {}
         if st.get("lines") or p.get("error") or p.get("skipped_steps"):
@@ -114,3 +124,37 @@ def report(results: dict) -> str:
                 lines += ["", "    " + p["error"][-800:].replace("\n", "\n    ")]
             lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def per_layer_table(results: dict, profs: list) -> list[str]:
+    """Decode windows per decoder layer: µs and launches a layer by group (the step's totals over the slice's layers;
+    lm_head, embedding and sampling included in the step, so a layer's share is an upper bound), and the GPU's share
+    of the step (kernel time a step over the TPOT the decode step measured at that concurrency: the rest is the host
+    and launch gaps)."""
+    rows = []
+    for k, name, pr in profs:
+        if not name.startswith("decode") or not pr.get("steps"):
+            continue
+        part = results["parts"][k]
+        layers = (results.get("slices", {}).get(part.get("slice"), {}) or {}).get("layers")
+        if not layers:
+            continue
+        steps = pr["steps"]
+        per = pr.get("per_step_us") or {}
+        total = sum(per.values())
+        counts = pr.get("count") or {}
+        c = pr.get("concurrency")
+        tpot = next((r.get("tpot_ms") for r in part.get("decode", []) if r.get("concurrency") == c), None)
+        gpu_share = f"{100 * total / (tpot * 1e3):.0f} %" if tpot else "-"
+        rows.append(f"| {k} | {name} | {layers} | {total / layers:.1f} | "
+                    + " | ".join(f"{per.get(cat, 0) / layers:.1f}" for cat in CATEGORIES)
+                    + f" | {pr.get('kernels', 0) / steps / layers:.1f} | "
+                    + " / ".join(f"{counts.get(cat, 0) / steps / layers:.1f}" for cat in CATEGORIES)
+                    + f" | {total / 1e3:.2f} | {_v(tpot)} | {gpu_share} |")
+    if not rows:
+        return []
+    return ["## Per decoder layer, decode (the step over the slice's layers)", "",
+            "| part | window | layers | µs a layer | " + " | ".join(LABELS[c] for c in CATEGORIES)
+            + " | launches a layer | launches by group (" + " / ".join(LABELS[c] for c in CATEGORIES)
+            + ") | kernel ms a step | TPOT ms | GPU share of the step |",
+            "|---|---|---|---|" + "---|" * len(CATEGORIES) + "---|---|---|---|---|", *rows, ""]
