@@ -118,6 +118,47 @@ make_slice_file as m; print(m(sys.argv[1], Path(sys.argv[2]))['path'])" "$name" 
         bash "$0" batched "$path" ${LLAMA_BATCHED_ARGS:-} 2>&1 | grep -E "^\||^main:|error|failed"; echo; } >> "$out"
     done
     ;;
+  peer)
+    # the peer on the full-depth slices (issue #47): for each NAME (default r8-Q4_K_M-78L r8-IQ2_M-78L), the
+    # --shared-data slice slice_serve serves (made in SLICE_DIR unless there), its plain copy in PLAIN_DIR (default
+    # /dev/shm when it has room, else /tmp: llama.cpp reads tensor data only in order), then llama-bench,
+    # llama-batched-bench and llama-server (bench/llama_server.py, 1 and 8 streams) on it; the copy is removed after.
+    # Markdown to OUT.md, llama-server's JSON beside it.
+    out=${1:?OUT.md}; shift || true
+    names=("$@"); (( ${#names[@]} )) || names=(r8-Q4_K_M-78L r8-IQ2_M-78L)
+    here=$(cd "$(dirname "$0")" && pwd)
+    for name in "${names[@]}"; do
+      shared=$(cd "$here" && python3 -c "import sys; from pathlib import Path; from slice_parts.parts import \
+make_slice_file as m; print(m(sys.argv[1], Path(sys.argv[2]))['path'])" "$name" "${SLICE_DIR:-/tmp/slices}") || exit 1
+      need=$(python3 -c "import sys; sys.path.insert(0, '$here'); from slice_parts.parts import slice_plan; \
+print(slice_plan(sys.argv[1]).nbytes + (2 << 30))" "$name")
+      dir=${PLAIN_DIR:-}
+      if [[ -z "$dir" ]]; then
+        dir=/tmp; (( $(df -B1 --output=avail /dev/shm | tail -1) > need )) && dir=/dev/shm
+      fi
+      plain=$dir/$name-plain.gguf
+      if (( $(df -B1 --output=avail "$dir" | tail -1) < need )) && [[ ! -f "$plain" ]]; then
+        echo "## $name: no room for its plain copy ($need bytes) in $dir" >> "$out"; continue
+      fi
+      t=$SECONDS
+      [[ -f "$plain" ]] || python3 -m glm5_shim make-slice "$plain" --plain-copy-of "$shared" --quiet >> "$out.log" 2>&1 \
+        || { echo "## $name: plain copy failed"; tail -3 "$out.log"; } >> "$out"
+      { echo "## $name ($plain, plain copy of $shared: $((SECONDS - t)) s)"; echo
+        echo "llama-bench ${LLAMA_BENCH_ARGS:--p 2048 -n 128 -r 2}:"; echo
+        LLAMA_BENCH_ARGS=${LLAMA_BENCH_ARGS:--p 2048 -n 128 -r 2} bash "$0" run "$plain" 2>&1 \
+          | grep -v "^ggml_\|^load\|^print_info\|^llama_"; echo
+        echo "llama-batched-bench, npp ${NPP:-2048} ntg ${NTG:-128} npl ${NPL:-1,8,32}:"; echo
+        # shellcheck disable=SC2086
+        bash "$0" batched "$plain" ${LLAMA_BATCHED_ARGS:-} 2>&1 | grep -E "^\||^main:|error|failed"; echo; } >> "$out"
+      # SERVER_ARGS: more bench/llama_server.py arguments, a shell line (quotes kept: --extra "-fa on")
+      (eval "set -- ${SERVER_ARGS:-}"; timeout "${SERVER_TIMEOUT:-240}" python3 "$here/llama_server.py" "$plain" \
+        --out "$(dirname "$out")/server-$name" --bin "${BUILD_DIR:-/tmp/llamacpp-build}/bin/llama-server" --slots 8 \
+        --concurrency 1,8 "$@" >> "$out.log" 2>&1)
+      { echo "llama-server, 8 slots:"; echo; sed -n '5,$p' "$(dirname "$out")/server-$name/llama_server.md" 2>/dev/null \
+          || echo "(no result: see $out.log)"; echo; } >> "$out"
+      [[ -n "${KEEP_PLAIN:-}" ]] || rm -f "$plain"
+    done
+    ;;
   *)
     sed -n 2,25p "$0"; exit 2 ;;
 esac
