@@ -529,3 +529,26 @@ def test_plain_copy_refuses_what_is_not_a_slice(tmp_path, capsys):
     assert "not a make-slice file (no glm5_shim.slice.layers" in capsys.readouterr().err
     assert main(["make-slice", str(tmp_path / "y.gguf"), "--preset", "Q4_K_M"]) == 2
     assert "make-slice needs --layers, --dense-layers (or --plain-copy-of)" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_shared_file_loads_every_layer_as_its_own_tensors_through_vllms_loader(shared8, tmp_path):
+    """The --shared-data file through vLLM 0.23's GGUF loader with the shim, on the CPU: layer 2 (whose entries point
+    at layer 1's bytes) gets parameters of its own, equal to the bytes its entries name; the model holds the full
+    tensor bytes of three layers, not the file's two."""
+    from tests.helpers import load_in_cpu_harness
+
+    (result,) = load_in_cpu_harness(tmp_path / "out", [shared8.path])
+    assert result["ok"], result
+    params = dict(np.load(tmp_path / "out" / "0.npz"))
+    raw = {t.name: np.asarray(t.data) for t in gguf.GGUFReader(shared8.path).tensors}
+    for layer in (1, 2):
+        w13 = params[f"model.layers.{layer}.mlp.experts.w13_qweight"]
+        assert np.array_equal(w13[:, :256], raw[f"blk.{layer}.ffn_gate_exps.weight"])
+        assert np.array_equal(params[f"model.layers.{layer}.mlp.experts.w2_qweight"],
+                              raw[f"blk.{layer}.ffn_down_exps.weight"])
+        assert np.array_equal(params[f"model.layers.{layer}.mlp.gate.weight"], raw[f"blk.{layer}.ffn_gate_inp.weight"])
+    layer_params = [k for k in params if k.startswith("model.layers.")]
+    assert {k.split(".")[2] for k in layer_params} == {"0", "1", "2"}
+    assert sorted(k.replace("layers.2.", "layers.1.") for k in layer_params if ".2." in k) == \
+        sorted(k for k in layer_params if "layers.1." in k)
