@@ -100,7 +100,10 @@ class GGUFModel:
         seen: set[tuple[int, int]] = set()
         shared = 0
         for info in self:
-            where = (info.shard, int(info.reader_tensor.data_offset))
+            offset = getattr(info.reader_tensor, "data_offset", None)  # (a model built in memory has none)
+            if offset is None:
+                continue
+            where = (info.shard, int(offset))
             shared += where in seen
             seen.add(where)
         return shared, sum(info.n_bytes for info in self)

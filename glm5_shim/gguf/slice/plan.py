@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..llama_tools import converter_order, fit_to_row, quantize_order
+from ..llama_tools import converter_order, fit_to_row, layer_of, quantize_order
 from ..fixture.hf_to_gguf import _gguf_names_of, hf_to_gguf_shapes
 from ..fixture.model_config import GLM5_SIZES, glm5_hf_config, hf_weight_shapes
 from ..fixture.tensor_types import PRESETS, named_preset_types
@@ -104,13 +104,6 @@ class SlicePlan:
     def distinct_layers(self) -> list[int]:
         """The decoder layers (MTP included) whose tensors own their bytes."""
         return sorted({layer for t in self.tensors if not t.data_of and (layer := layer_of(t.name)) is not None})
-
-
-def layer_of(name: str) -> int | None:
-    """The block index of a `blk.N.*` tensor name, None for the others (token_embd, output, output_norm)."""
-    if not name.startswith("blk."):
-        return None
-    return int(name.split(".", 2)[1])
 
 
 def share_layer_data(tensors: list[SliceTensor], mtp_layer: int | None) -> list[SliceTensor]:
