@@ -196,6 +196,63 @@ def make_real(out_dir: Path, outtypes=("bf16", "q8_0"), presets=(), llama_quanti
     return files
 
 
+# Other architectures (issue #51: the shim is active in every vLLM process of its environment, whatever GGUF is
+# served): transformers' own model classes at tiny random sizes, with widths that are multiples of 256 (K-quant rows)
+# and widths that are not (llama-quantize falls back to Q5_0 / Q4_0 / Q8_0 there), GQA heads, and for the MoE other
+# expert counts and widths than GLM-5's.
+OTHER_ARCHS = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(
+        hidden_size=512, intermediate_size=1376, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
+        head_dim=64, max_position_embeddings=2048, rms_norm_eps=1e-5, tie_word_embeddings=False)),
+    "qwen3moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        hidden_size=256, intermediate_size=800, moe_intermediate_size=160, num_experts=8, num_experts_per_tok=2,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=2048,
+        decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True, tie_word_embeddings=False)),
+}
+OTHER_OUTTYPES = ("bf16", "q8_0")
+OTHER_PRESETS = ("Q4_K_M", "Q2_K")
+
+
+def other_checkpoint(out_dir: Path, arch: str, seed: int = 0) -> Path:
+    """A tiny random HF checkpoint of another architecture (OTHER_ARCHS) with the tiny GLM tokenizer's files: what
+    llama.cpp's converter takes.  Weights: transformers' own initialisation (std 0.02), seeded."""
+    import torch
+    import transformers
+
+    from glm5_shim.gguf.fixture import make_tiny, reference_dir
+
+    config_class, model_class, sizes = OTHER_ARCHS[arch]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    source = out_dir / "tokenizer-source.gguf"
+    make_tiny(source, quant="Q8_0", layers=2, mtp=False, write_reference=True)
+    tok_dir = reference_dir(source)
+    checkpoint = out_dir / f"{arch}-hf"
+    checkpoint.mkdir(exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tok_dir / name, checkpoint / name)
+    vocab = len(json.loads((tok_dir / "tokenizer.json").read_text())["model"]["vocab"])
+    added = len(json.loads((tok_dir / "tokenizer.json").read_text()).get("added_tokens", []))
+    config = getattr(transformers, config_class)(vocab_size=vocab + added, torch_dtype="bfloat16", **sizes)
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_class)(config).to(torch.bfloat16)
+    model.save_pretrained(checkpoint, safe_serialization=True)
+    return checkpoint
+
+
+def make_other_real(out_dir: Path, arch: str, outtypes=OTHER_OUTTYPES, presets=(),
+                    llama_quantize: str | None = None) -> dict[str, Path]:
+    """llama.cpp's converter (and llama-quantize for `presets`) on a tiny checkpoint of `arch`; name → GGUF."""
+    checkpoint = other_checkpoint(out_dir, arch)
+    files = {}
+    for outtype in dict.fromkeys([*outtypes, *(["bf16"] if presets else [])]):
+        files[outtype.upper()] = convert(checkpoint, out_dir / f"{arch}-{outtype.upper()}.gguf", outtype)
+    for preset in presets:
+        if not llama_quantize:
+            raise ValueError("presets need llama-quantize")
+        files[preset] = quantize(llama_quantize, files["BF16"], out_dir / f"{arch}-{preset}.gguf", preset)
+    return files
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out")

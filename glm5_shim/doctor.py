@@ -139,9 +139,12 @@ def collect(model: str | None = None) -> dict:
 def _model_summary(path: str, gpu_bytes: int | None = None) -> dict:
     """Header-only check of the model: what the loader would say, before any GPU memory is taken."""
     from glm5_shim.gguf.probe import gguf_architecture
+    from glm5_shim.gguf.report import OTHER_MODEL_NOTE, other_architecture
     from glm5_shim.gguf.validate import validate
 
     summary: dict = {"path": path, "architecture": gguf_architecture(path)}
+    if other_architecture(path) is not None:  # another model: vLLM serves it, the shim has nothing to check
+        return dict(summary, errors=[], warnings=[], other_model=OTHER_MODEL_NOTE)
     findings = validate(path)
     summary["errors"] = [f.message for f in findings if f.level == "error"]
     summary["warnings"] = [f.message for f in findings if f.level != "error"]
@@ -198,6 +201,9 @@ def format_text(r: dict) -> str:
             lines.append(f"        DeepGEMM: {i['why']}")
     if "model" in r:
         m = r["model"]
+        if m.get("other_model"):
+            lines.append(f"model: {m['path']} (architecture {m['architecture']}): {m['other_model']}")
+            return "\n".join(lines)
         verdict = "OK" if not m["errors"] else f"{len(m['errors'])} error(s)"
         lines.append(f"model: {m['path']} (architecture {m['architecture']}): {verdict}, "
                      f"{len(m['warnings'])} warning(s)")

@@ -27,8 +27,15 @@ def _install_cpu_scaffolding() -> None:
     import vllm.platforms as platforms
     from vllm.platforms.cpu import CpuPlatform
 
-    CpuPlatform.get_attn_backend_cls = classmethod(
-        lambda cls, *a, **k: "glm5_shim.attention.backend.Glm5SparseMLABackend")
+    cpu_backend = CpuPlatform.get_attn_backend_cls.__func__
+
+    def backend(cls, selected_backend, attn_selector_config, *args, **kwargs):
+        # GLM-5's MLA on the shim's backend (constructed, never run); other models (issue #51) keep vLLM's CPU one
+        if attn_selector_config.use_mla:
+            return "glm5_shim.attention.backend.Glm5SparseMLABackend"
+        return cpu_backend(cls, selected_backend, attn_selector_config, *args, **kwargs)
+
+    CpuPlatform.get_attn_backend_cls = classmethod(backend)
     platforms._current_platform = CpuPlatform()
     import vllm.model_executor.layers.attention.mla_attention as mla
 
@@ -61,8 +68,9 @@ def _dump(model, path: str, uninitialised: list | None = None) -> dict:
             shard_types = getattr(owner, "shard_weight_type", None)
             if shard_types:
                 # a fused linear: what GGUFLinearMethod.apply reads, in the order it reads it
-                types[name] = {"shards": [[int(i), *map(int, param.shard_offset_map[i]), int(shard_types[i])]
-                                          for i in param.shard_id]}
+                # shard ids: 0, 1 (gate/up, q_a/kv_a) or "q", "k", "v" (another model's attention, issue #51)
+                types[name] = {"shards": [[i if isinstance(i, str) else int(i), *map(int, param.shard_offset_map[i]),
+                                           int(shard_types[i])] for i in param.shard_id]}
     np.savez(path, **arrays)
     return types
 
@@ -118,6 +126,16 @@ def _undo(name: str) -> None:
     patch = REGISTRY.get(name)
     assert patch.state == APPLIED, patch.as_dict()
     patch.undo()
+
+
+def _shim_kernels_take_this_process() -> bool | None:
+    """Whether the shim's GGUF kernels would take this process's matmuls (it loaded a glm-dsa GGUF); None when the
+    shim is not active here (GLM5_SHIM=0)."""
+    import sys
+
+    if "glm5_shim.matmul.gguf_ops" not in sys.modules:
+        return None
+    return sys.modules["glm5_shim.matmul.gguf_ops"].glm_gguf_loaded()
 
 
 def _indexer_layout(model, cfg) -> dict:
@@ -315,6 +333,7 @@ def main(argv: list[str]) -> int:
                 model = get_model_loader(cfg.load_config).load_model(vllm_config=cfg, model_config=cfg.model_config)
             result["types"] = _dump(model, f"{out_dir}/{i}.npz")
             result["indexer_layout"] = _indexer_layout(model, cfg)
+            result["shim_kernels"] = _shim_kernels_take_this_process()
             result["ok"] = True
         except Exception as exc:
             result["ok"] = False

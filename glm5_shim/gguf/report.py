@@ -186,9 +186,45 @@ def kv_cache_bytes_per_token(config: dict[str, Any], indexer_layers: int | None 
     }
 
 
+# What the shim does for a GGUF of another architecture (the shim is active in every vLLM process of its environment,
+# whatever model is served; issue #51): doctor and inspect say it in one line.
+OTHER_MODEL_NOTE = ("not a GLM-5 (glm-dsa) GGUF: glm5-shim leaves it to vLLM — vLLM's own config, tokenizer, loader "
+                    "and GGUF kernels serve it as without the shim; the shim's rules that touch every GGUF: "
+                    "--dtype auto is float16 on compute capability 10 or above (where vLLM 0.23 refuses bfloat16 "
+                    "for GGUF), a merged linear's integer shards are applied in shard order, and speculator "
+                    "detection is skipped (a GGUF carries none)")
+
+
+def other_architecture(path: str | Path) -> str | None:
+    """The file's general.architecture when it is a readable GGUF of another architecture than glm-dsa; else None
+    (a glm-dsa file, or one whose header cannot say: the validator then names what is wrong)."""
+    from .probe import gguf_architecture
+
+    arch = gguf_architecture(path)
+    return arch if arch and arch != GLM_DSA_ARCH else None
+
+
+def other_model_report(path: str | Path, arch: str) -> dict[str, Any]:
+    """inspect's report of another architecture's GGUF: the file's facts and OTHER_MODEL_NOTE, no findings."""
+    try:
+        model = open_gguf(path, expected_architecture=None)
+    except GGUFError as exc:
+        return {"path": str(path), "error": str(exc), "findings": [{"level": "error", "message": str(exc)}]}
+    by_type: Counter = Counter()
+    for info in model:
+        by_type[info.type_name] += info.n_bytes
+    return {"path": str(path), "shards": [str(p) for p in model.paths], "file_bytes": model.file_size,
+            "architecture": arch, "tensor_count": len(model.tensors),
+            "tensor_types": dict(sorted(Counter(t.type_name for t in model).items())),
+            "tensor_bytes_by_type": dict(sorted(by_type.items())), "findings": [], "other_model": OTHER_MODEL_NOTE}
+
+
 def inspect_report(path: str | Path, assume: ServeAssumptions = ServeAssumptions()) -> dict[str, Any]:
     """Everything `format_report` prints, as plain data (JSON-serialisable).  assume: the GPU and `vllm serve`
     settings of the longest-context table."""
+    arch = other_architecture(path)
+    if arch is not None:
+        return other_model_report(path, arch)
     try:
         model = open_gguf(path, expected_architecture=GLM_DSA_ARCH)
     except GGUFError as exc:
@@ -275,6 +311,9 @@ def format_report(report: dict[str, Any]) -> str:
     lines.append("tensor types: " + ", ".join(
         f"{name} x{count} ({_size(report['tensor_bytes_by_type'][name])})"
         for name, count in report["tensor_types"].items()))
+    if report.get("other_model"):
+        lines.append(report["other_model"])
+        return "\n".join(lines)
     config = report.get("config")
     if config:
         lines.append("config:")

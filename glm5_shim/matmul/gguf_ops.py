@@ -83,8 +83,24 @@ def register_ops() -> None:
         _registered = True
 
 
+# The shim's kernels serve a process's GGUF matmuls only once that process has loaded a glm-dsa GGUF (GLM-5 or its
+# MTP draft; patches/gguf_loader.py marks it, before any forward): the kernels are tested and tuned on GLM-5's files
+# and shapes, and the shim is active in every vLLM process of its environment, so any other GGUF served there keeps
+# vLLM's own kernels, exactly as without the shim (issue #51).
+_glm_gguf_loaded = False
+
+
+def mark_glm_gguf_loaded() -> None:
+    global _glm_gguf_loaded
+    _glm_gguf_loaded = True
+
+
+def glm_gguf_loaded() -> bool:
+    return _glm_gguf_loaded
+
+
 def _acts_ok(x: torch.Tensor) -> bool:
-    return x.is_cuda and x.dtype in _ACT_DTYPES
+    return _glm_gguf_loaded and x.is_cuda and x.dtype in _ACT_DTYPES
 
 
 def _refuse_packed(x: torch.Tensor, *qtypes: int) -> None:

@@ -1,4 +1,5 @@
-"""GGUF matmuls on the shim's kernels: vLLM's GGUF linear and MoE calls go to ``glm5_shim/kernels/gguf_matmul.py``.
+"""GGUF matmuls on the shim's kernels: vLLM's GGUF linear and MoE calls go to ``glm5_shim/kernels/gguf_matmul.py``
+in a process that serves a glm-dsa GGUF (GLM-5 or its MTP draft); any other GGUF keeps vLLM's own kernels.
 
 Target: ``vllm.model_executor.layers.quantization.gguf``.  ``GGUFLinearMethod.apply`` and ``GGUFMoEMethod.apply``
 call the module globals ``fused_mul_mat_gguf`` and ``fused_moe_gguf`` (vLLM's custom ops); both globals are
@@ -62,9 +63,10 @@ def _apply(module, patch: Patch) -> None:
               "(GLM5_SHIM_GGUF_DECODE=tile for the tile kernels)" if settings.gguf_decode_choice() == "mma"
               else "decode on the tile kernels")
     init_logger("vllm.glm5_shim.gguf").info(
-        "glm5-shim: GGUF matmuls of %s weights run on the shim's Triton kernels (%s; dense linears at %s and "
-        "IQ MoE decode of up to 8-32 tokens on vLLM's vector kernels in fp16 or below compute capability 10; other "
-        "types on vLLM's ggml kernels; GLM5_SHIM_GGUF_KERNELS=vllm for all on vLLM's)", names, decode,
+        "glm5-shim: a glm-dsa GGUF's matmuls of %s weights run on the shim's Triton kernels (%s; dense linears at "
+        "%s and IQ MoE decode of up to 8-32 tokens on vLLM's vector kernels in fp16 or below compute capability 10; "
+        "other types on vLLM's ggml kernels; GLM5_SHIM_GGUF_KERNELS=vllm for all on vLLM's); any other GGUF model "
+        "keeps vLLM's kernels", names, decode,
         VLLM_LINEAR_ROWS_TEXT)
 
 
@@ -73,8 +75,9 @@ PATCHES = [
         name="gguf-kernels",
         target=_TARGET,
         replaces=(f"{_TARGET}:fused_mul_mat_gguf", f"{_TARGET}:fused_moe_gguf", f"{_TARGET}:GGUFLinearMethod.apply"),
-        summary="GGUF linears and MoE experts of the K-quant, legacy and IQ types run on the shim's Triton kernels "
-                "(weights read once per call, bf16 or fp16 activations); other types keep vLLM's ggml kernels",
+        summary="a glm-dsa GGUF's linears and MoE experts of the K-quant, legacy and IQ types run on the shim's "
+                "Triton kernels (weights read once per call, bf16 or fp16 activations); other types, and every "
+                "other GGUF model, keep vLLM's ggml kernels",
         check=_check,
         apply=_apply,
     ),

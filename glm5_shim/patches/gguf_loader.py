@@ -60,7 +60,9 @@ def _apply(module, patch: Patch) -> None:
         import torch
 
         from glm5_shim.loading.gguf_loading import load_plan_for, prepare_quant_config, repack_weights
+        from glm5_shim.matmul.gguf_ops import mark_glm_gguf_loaded
 
+        mark_glm_gguf_loaded()  # this process's GGUF matmuls are GLM-5's: the shim's kernels take them
         plan = load_plan_for(self._prepare_weights(model_config), draft=which == "draft")
         if plan.tied_embeddings and which == "target":
             model_config.hf_config.update({"tie_word_embeddings": True})

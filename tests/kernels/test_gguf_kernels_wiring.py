@@ -354,3 +354,20 @@ def test_repacked_weights_run_packed_and_give_the_file_layouts_outputs(patched, 
 
     REGISTRY.get("gguf-kernels").undo()
     assert not gguf_repack.packing_enabled()   # vLLM's own kernels: nothing may be packed
+
+
+def test_only_a_process_that_loaded_a_glm_gguf_gives_its_matmuls_to_the_shim(monkeypatch):
+    """The drop-ins take a call only after the process loaded a glm-dsa GGUF (patches/gguf_loader.py marks it):
+    another GGUF model served with the shim active keeps vLLM's kernels (issue #51)."""
+    from types import SimpleNamespace
+
+    from glm5_shim.matmul import gguf_ops
+
+    monkeypatch.setattr(gguf_ops, "_glm_gguf_loaded", False)
+    x = SimpleNamespace(is_cuda=True, dtype=torch.bfloat16, shape=(2, 512))
+    went = []
+    drop_in = gguf_ops.make_fused_mul_mat(lambda x, w, t: went.append("vllm") or "vllm")
+    assert not gguf_ops._acts_ok(x) and drop_in(x, None, 12) == "vllm" and went == ["vllm"]
+    gguf_ops.mark_glm_gguf_loaded()
+    assert gguf_ops.glm_gguf_loaded() and gguf_ops._acts_ok(x)
+    assert not gguf_ops._acts_ok(SimpleNamespace(is_cuda=False, dtype=torch.bfloat16))
