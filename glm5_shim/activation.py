@@ -98,6 +98,10 @@ def _on_vllm_import() -> None:
             for patch in REGISTRY.patches():
                 wrapt.register_post_import_hook(_hook_for(patch), patch.target)
             _state = "active"
+            if settings.consumer_ptx_target() is not None:  # testing consumer-GPU code on Hopper only
+                from glm5_shim.kernels.consumer import install_from_settings
+
+                install_from_settings()
         except Exception as exc:  # the shim must never break the interpreter or vLLM's import
             _state = "refused"
             _warn(f"activation failed, vLLM stays stock: {type(exc).__name__}: {exc}")

@@ -66,6 +66,14 @@ def gguf_split_reduce_choice() -> str:
     return _choice("GLM5_SHIM_GGUF_SPLITS", ("kernel", "launch"), "kernel")
 
 
+def consumer_ptx_target() -> int | None:
+    """GLM5_SHIM_CONSUMER_PTX: 89 | 86 | 80 runs the consumer GPUs' kernel code on the GPU present (Hopper test
+    machines: kernels/consumer.py); unset (default): each GPU's own code."""
+    if not os.environ.get("GLM5_SHIM_CONSUMER_PTX", "").strip():
+        return None
+    return int(_choice("GLM5_SHIM_CONSUMER_PTX", ("89", "86", "80"), "89"))
+
+
 def gguf_pack() -> bool:
     """GLM5_SHIM_GGUF_PACK: 1 (default) repacks Q8_0, Q6_K, IQ2_XXS and IQ2_S linear and expert weights at
     load for the shim's kernels (aligned code loads; gguf/kernel_coverage.LOAD_PACKED_TYPES) | 0 keeps the file's
@@ -87,6 +95,8 @@ ENV_SWITCHES = {
     "GLM5_SHIM_GGUF_PACK": "1 | 0: Q8_0, Q6_K, IQ2_XXS and IQ2_S linear and expert weights repacked at load for "
                            "aligned code loads (default) or kept in the file's layout",
     "GLM5_SHIM_CACHE": "where tokenizers rebuilt from GGUFs are kept (default ~/.cache/glm5_shim)",
+    "GLM5_SHIM_CONSUMER_PTX": "89 | 86 | 80: testing on Hopper: compile every kernel for that consumer target, "
+                              "assemble it for the GPU present and plan as on an RTX PRO 6000 (89) or RTX 3090",
 }
 
 

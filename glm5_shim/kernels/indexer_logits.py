@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from glm5_shim.kernels.device import cuda_capability_and_sms
+from glm5_shim.kernels.device import cuda_capability_and_sms, device_figures
 from glm5_shim.kernels.fp8 import e4m3_bytes_to_f16_div256, native_fp8_supported
 
 HEAD_DIM = 128
@@ -519,11 +519,11 @@ def _decode_grid(cfg: IndexerKernelConfig, device: torch.device, sms: int, args,
                 kernel = _paged_mqa_logits_kernel.warmup(*args, grid=(1,), **kwargs)  # compiles, no launch
                 kernel = kernel.result() if hasattr(kernel, "result") else kernel
                 kernel._init_handles()
-            props = torch.cuda.get_device_properties(device)
+            figures = device_figures(device.index if device.index is not None else torch.cuda.current_device())
             threads = 32 * cfg.num_warps
-            by_threads = props.max_threads_per_multi_processor // threads
+            by_threads = figures.max_threads_per_sm // threads
             by_regs = 65536 // (max(1, -(-kernel.n_regs // 8) * 8) * threads)  # 64K regs/SM on sm_80..sm_121
-            by_smem = props.shared_memory_per_multiprocessor // (kernel.metadata.shared + 1024)  # 1 KB reserved/CTA
+            by_smem = figures.smem_per_sm // (kernel.metadata.shared + 1024)  # 1 KB reserved/CTA
             per_sm = max(1, min(by_threads, by_regs, by_smem, MAX_DECODE_CTAS_PER_SM))
         except Exception:  # noqa: BLE001 - any failure here only costs the default grid
             pass

@@ -12,6 +12,15 @@ from tests.conftest import INTERPRETING, _has_gpu
 if _has_gpu() and INTERPRETING:
     raise pytest.UsageError("tests/gpu compiles kernels for the GPU: run it without TRITON_INTERPRET")
 
+if _has_gpu():
+    # GLM5_SHIM_CONSUMER_PTX=89|86|80: every kernel these tests compile is that consumer target's code, assembled for
+    # this GPU, planned as on an RTX PRO 6000 / RTX 3090 (issue #52); each test then proves its kernels were those
+    from glm5_shim.kernels.consumer import install_from_settings
+
+    CONSUMER_PTX = install_from_settings()
+else:
+    CONSUMER_PTX = None
+
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
@@ -50,3 +59,12 @@ def _proves_compiled_kernels(request):
         ran = sorted(set(launches))
         assert set(ran) & set(expected), (
             f"{request.node.nodeid}: none of {expected} was launched from a compiled binary (launched: {ran})")
+        if CONSUMER_PTX is not None:
+            from glm5_shim.kernels.consumer import launched
+
+            loaded = {c.name: c for c in launched()}
+            wrong = [(n, loaded[n].ptx_target) for n in ran if n in loaded and loaded[n].ptx_target != CONSUMER_PTX]
+            missing = [n for n in ran if n not in loaded]
+            assert not wrong and not missing, (
+                f"{request.node.nodeid}: kernels not from sm_{CONSUMER_PTX} PTX: {wrong}; not loaded through the "
+                f"consumer path: {missing}")
