@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: install the offline vLLM bundle, then GPU tests, kernel benchmarks and an end-to-end smoke.
-#   run with carry [".gpu/bundle"]:  bash bench/gpu_session.sh [interp] [tests] [bench] [ncu_gguf] [e2e] [mtp] [agentic] [slice]
+#   run with carry [".gpu/bundle"]:  bash bench/gpu_session.sh [interp] [tests] [bench] [ncu_gguf] [consumer] [e2e] [mtp] [agentic] [slice]
 #   (or carry [".gpu/bundle_slim", ...]: SLIM=1 make_bundle.sh, ~30 MiB, leaves room for .whl and models)
 # Results land in $OUT (at most 8 files come back): gpu_tests.log, sparse_mla.md, indexer.md, session.log,
 #   e2e.md, results.json, e2e_logs.tar.gz; mtp: mtp.md, mtp.json, mtp_logs.tar.gz; agentic: agentic.md,
@@ -93,6 +93,17 @@ if [[ " $steps " == *" ncu_gguf "* ]]; then
         --section Occupancy --section MemoryWorkloadAnalysis --section InstructionStats --section LaunchStats \
         python bench/profile_gguf_matmul.py $args 2>&1; } >> "$OUT/ncu_gguf.txt"
     log "ncu_gguf exit $?"
+  done
+fi
+if [[ " $steps " == *" consumer "* ]]; then
+  # issue #52: the GPU tests with every kernel compiled for a consumer target and assembled for this GPU, planned as on
+  # an RTX PRO 6000 (89) or an RTX 3090 (86, 80); CONSUMER_PTX: the targets (default "89 80"), CONSUMER_TESTS: the
+  # pytest arguments (default the sparse-MLA, indexer and GGUF GPU test files)
+  for ptx in ${CONSUMER_PTX:-89 80}; do
+    log "consumer sm_$ptx"
+    (eval "set -- ${CONSUMER_TESTS:-tests/gpu/test_sparse_mla_gpu.py tests/gpu/test_indexer_gpu.py tests/gpu/test_gguf_matmul_gpu.py tests/gpu/test_gguf_mma_gpu.py}"
+     GLM5_SHIM_CONSUMER_PTX=$ptx timeout ${CONSUMER_TIMEOUT:-400} python -m pytest -q "$@" -p no:cacheprovider 2>&1 \
+       | tail -40 > "$OUT/consumer_sm$ptx.log")
   done
 fi
 if [[ " $steps " == *" e2e "* ]]; then

@@ -33,6 +33,9 @@ class Arm:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GLM5_SHIM_")}
         if self.path == "shim":
             env.update(SHIM_ENV)
+            # the consumer GPUs' kernel code on this Hopper GPU (kernels/consumer.py, issue #52): shim arms only
+            if os.environ.get("GLM5_SHIM_CONSUMER_PTX"):
+                env["GLM5_SHIM_CONSUMER_PTX"] = os.environ["GLM5_SHIM_CONSUMER_PTX"]
         return env
 
 
