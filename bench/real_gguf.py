@@ -46,11 +46,37 @@ convert_hf_to_gguf.main()
 """
 
 
+class _CacheLock:
+    """An exclusive lock on a file beside `path` while the body runs: test processes running at once (pytest-xdist
+    workers) download, unpack and build into the cache one at a time, and the later ones find the result."""
+
+    def __init__(self, path: Path):
+        self.path = path.with_name(path.name + ".lock")
+
+    def __enter__(self):
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.handle = open(self.path, "w")
+        fcntl.flock(self.handle, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.close()
+
+
 def llama_cpp_tree(cache: Path = CACHE) -> Path:
     """The vendored llama.cpp tree of the pinned llama-cpp-python sdist (downloaded and unpacked once)."""
     root = cache / f"llama-cpp-python-{LLAMA_CPP_PYTHON}"
     tree = root / f"llama_cpp_python-{LLAMA_CPP_PYTHON}" / "vendor" / "llama.cpp"
     if (tree / "convert_hf_to_gguf.py").is_file():
+        return tree
+    with _CacheLock(root):
+        return _unpack_tree(root, tree)
+
+
+def _unpack_tree(root: Path, tree: Path) -> Path:
+    if (tree / "convert_hf_to_gguf.py").is_file():  # another process did it while this one waited
         return tree
     root.mkdir(parents=True, exist_ok=True)
     sdist = root / f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"
@@ -79,10 +105,12 @@ def llama_cpp_source(cache: Path = CACHE) -> Path:
     the converter's files)."""
     tree = llama_cpp_tree(cache)
     if not (tree / "tools" / "quantize" / "quantize.cpp").is_file():
-        sdist = tree.parents[2] / f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"
-        with tarfile.open(sdist) as tar:
-            members = [m for m in tar.getmembers() if "/vendor/llama.cpp/" in m.name]
-            tar.extractall(tree.parents[2], members=members, filter="data")
+        with _CacheLock(tree.parents[2]):
+            if not (tree / "tools" / "quantize" / "quantize.cpp").is_file():
+                sdist = tree.parents[2] / f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"
+                with tarfile.open(sdist) as tar:
+                    members = [m for m in tar.getmembers() if "/vendor/llama.cpp/" in m.name]
+                    tar.extractall(tree.parents[2], members=members, filter="data")
     return tree
 
 
@@ -96,6 +124,13 @@ def llama_tools(cache: Path = CACHE, build: bool = False) -> dict[str, Path] | N
     if not build:
         return None
     tree = llama_cpp_source(cache)
+    with _CacheLock(out):
+        if all(p.is_file() for p in tools.values()):  # built by another process while this one waited
+            return tools
+        return _build_tools(tree, out, tools)
+
+
+def _build_tools(tree: Path, out: Path, tools: dict[str, Path]) -> dict[str, Path]:
     # portable code (the cache may outlive the CPU), no tests or examples, static: the two tools alone are built
     configure = ["cmake", "-S", str(tree), "-B", str(out), "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF",
                  "-DGGML_CCACHE=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",

@@ -34,3 +34,18 @@ def test_e2e_model_args_must_be_a_json_object(tmp_path, value):
     errors = [line for line in proc.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1 and "argument --model-args: expected a JSON object" in errors[0], proc.stderr[-2000:]
     assert not any(tmp_path.iterdir())
+
+
+def test_other_models_comparison_counts_equal_greedy_and_the_largest_logprob_difference():
+    from tests.helpers import bench_module
+
+    om = bench_module("other_models")
+    a = {"ok": True, "rows": [{"ids": [5, 6], "logprobs": [{"5": -0.1, "7": -2.0}, {"6": -0.3}]},
+                              {"ids": [1, 2], "logprobs": [{"1": -0.5}, {"2": -0.7}]}]}
+    b = {"ok": True, "rows": [{"ids": [5, 6], "logprobs": [{"5": -0.1}, {"6": -0.35}]},
+                              {"ids": [1, 3], "logprobs": [{"1": -0.4}, {"3": -0.1, "2": -9.0}]}]}
+    got = om.compare_pair(a, b)
+    assert got == {"loaded": True, "same_outcome": True, "greedy_equal": 1, "prompts": 2, "max_dlogprob": 8.3}
+    failed = {"ok": False, "error": "KeyError: 'x'"}
+    assert om.compare_pair(failed, dict(failed)) == {"loaded": False, "same_outcome": True, "error": "KeyError: 'x'"}
+    assert not om.compare_pair(failed, a)["same_outcome"]
