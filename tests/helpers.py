@@ -210,9 +210,9 @@ def in_ci() -> bool:
     return bool(os.environ.get("CI") or os.environ.get("GLM5_SHIM_CI"))
 
 
-def make_llama_real(root: pathlib.Path) -> tuple[pathlib.Path, dict]:
-    """(root, name → GGUF) of llama.cpp's own tools on the tiny model.  In CI a missing sdist or a failed build of
-    the tools fails; elsewhere the converter's absence skips, and the presets need a build at hand."""
+def real_gguf_with_converter():
+    """bench/real_gguf.py once llama.cpp's converter is at hand: in CI a missing sdist fails; elsewhere the calling
+    test skips with the reason."""
     import pytest
 
     real_gguf = bench_module("real_gguf")
@@ -222,6 +222,13 @@ def make_llama_real(root: pathlib.Path) -> tuple[pathlib.Path, dict]:
         if in_ci():
             raise
         pytest.skip(f"llama.cpp's converter is not available here: {exc}")
+    return real_gguf
+
+
+def make_llama_real(root: pathlib.Path) -> tuple[pathlib.Path, dict]:
+    """(root, name → GGUF) of llama.cpp's own tools on the tiny model.  In CI a missing sdist or a failed build of
+    the tools fails; elsewhere the converter's absence skips, and the presets need a build at hand."""
+    real_gguf = real_gguf_with_converter()
     quantize, imatrix = os.environ.get("LLAMA_QUANTIZE", ""), os.environ.get("LLAMA_IMATRIX", "")
     if not quantize:
         tools = real_gguf.llama_tools(build=in_ci())

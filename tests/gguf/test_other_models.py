@@ -15,7 +15,7 @@ import gguf
 import numpy as np
 import pytest
 
-from tests.helpers import bench_module, in_ci, load_in_cpu_harness
+from tests.helpers import in_ci, load_in_cpu_harness, real_gguf_with_converter
 
 ARCHS = ("llama", "qwen3moe")
 LEGACY = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}
@@ -25,13 +25,7 @@ K_QUANTS = {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}
 @pytest.fixture(scope="module")
 def other_files(tmp_path_factory) -> dict[str, dict[str, str]]:
     """arch → {file type → path}: BF16 and Q8_0 from the converter, Q4_K_M and Q2_K from llama-quantize."""
-    real_gguf = bench_module("real_gguf")
-    try:
-        real_gguf.llama_cpp_tree()
-    except RuntimeError as exc:
-        if in_ci():
-            raise
-        pytest.skip(f"llama.cpp's converter is not available here: {exc}")
+    real_gguf = real_gguf_with_converter()
     tools = real_gguf.llama_tools(build=in_ci())
     quantize = str(tools["llama-quantize"]) if tools else None
     root = tmp_path_factory.mktemp("other")
