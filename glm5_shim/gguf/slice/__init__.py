@@ -7,18 +7,20 @@ UD-IQ2_M-like), random valid blocks (no float quantization), a tokenizer padded 
 model one tensor-parallel rank computes at TP N.
 
   blocks  random valid GGML blocks at a chosen magnitude, from a byte pool (scale fields from gguf.quants' layouts)
-  plan    the slice's config and every tensor's name, shape, type and magnitude, in file order; rank_of
-  writer  make_slice: the header from the plan, then each tensor streamed; GB/s
+  plan    the slice's config and every tensor's name, shape, type and magnitude, in file order; rank_of; shared_data
+          (layers of one kind point at one copy of their bytes: GLM-5's whole depth in a few GB)
+  writer  make_slice: the header from the plan, then each tensor streamed; GB/s; write_plain_copy (a shared-data
+          slice written plainly, for llama.cpp)
   cli     the make-slice command line
 """
 
 from .blocks import SCALE_FIELDS, SUPPORTED_TYPES, RandomBlocks, calibration
 from .cli import add_make_slice_arguments, run_make_slice
 from .plan import ORDERS, RANK_DIVIDED, SlicePlan, SliceTensor, plan_slice, rank_config
-from .writer import KEY_PREFIX, SliceResult, make_slice, write_plan
+from .writer import KEY_PREFIX, SliceResult, make_slice, write_plain_copy, write_plan
 
 __all__ = [
     "SCALE_FIELDS", "SUPPORTED_TYPES", "RandomBlocks", "calibration", "add_make_slice_arguments", "run_make_slice",
     "ORDERS", "RANK_DIVIDED", "SlicePlan", "SliceTensor", "plan_slice", "rank_config", "KEY_PREFIX", "SliceResult",
-    "make_slice", "write_plan",
+    "make_slice", "write_plain_copy", "write_plan",
 ]
