@@ -32,7 +32,21 @@ def _has_gpu() -> bool:
     return _has_cuda
 
 
+# The longest files first: the README runs the suite on two pytest workers, a file at a time in collection order
+# (pytest-xdist --dist loadfile), so a long file collected last would leave one worker running it alone at the end.
+# The offline compile tests (each target compiled in child processes, tens of CPU-minutes) and the vLLM-on-CPU loads
+# of the real tools' files lead; everything else keeps its order.
+LONG_FILES_FIRST = ("kernels/test_compile_targets_gguf_matmul.py", "kernels/test_compile_targets_sparse_mla.py",
+                    "kernels/test_gguf_mma.py", "kernels/test_gguf_matmul.py", "gguf/test_llama_tools_real.py")
+
+
+def _long_first(item) -> int:
+    path = str(item.path)
+    return next((i for i, name in enumerate(LONG_FILES_FIRST) if path.endswith(name)), len(LONG_FILES_FIRST))
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=_long_first)  # stable: the order within a file, and of all other files, is kept
     # GPU tests run wherever a GPU exists and are skipped only where none does (CI is CPU-only).
     if _has_gpu():
         return
