@@ -27,6 +27,23 @@
 #     --preset Q4_K_M --rank-of 8 --quiet && bash bench/llama_bench.sh run /tmp/s.gguf > $OUT/llama_bench.md
 set -euo pipefail
 cmd=${1:-}; shift || true
+here=$(cd "$(dirname "$0")" && pwd)
+
+# the slice bench/slice_serve.py serves under NAME (made in SLICE_DIR, default /tmp/slices, unless there): its path
+# and the bytes of its tensors (a --shared-data file loads as more than it holds)
+slice_file() {
+  (cd "$here" && python3 -c "import sys; from pathlib import Path; from slice_parts.parts import make_slice_file as m; \
+info = m(sys.argv[1], Path(sys.argv[2])); print(info['path'], info['bytes'])" "$1" "${SLICE_DIR:-/tmp/slices}")
+}
+
+# llama-bench (with the arguments given) and llama-batched-bench on one file, as markdown
+both_benches() {
+  echo "llama-bench $2:"; echo
+  LLAMA_BENCH_ARGS=$2 bash "$0" run "$1" 2>&1 | grep -v "^ggml_\|^load\|^print_info\|^llama_"; echo
+  echo "llama-batched-bench, npp ${NPP:-2048} ntg ${NTG:-128} npl ${NPL:-1,8,32}:"; echo
+  # shellcheck disable=SC2086
+  bash "$0" batched "$1" ${LLAMA_BATCHED_ARGS:-} 2>&1 | grep -E "^\||^main:|error|failed"; echo
+}
 case "$cmd" in
   prepare)
     src=${1:-/tmp/lcp/llama_cpp_python-0.3.36}/vendor/llama.cpp
@@ -107,15 +124,9 @@ case "$cmd" in
   slices)
     out=${1:?OUT.md}; shift || true
     names=("$@"); (( ${#names[@]} )) || names=(r8-Q4_K_M r8-IQ2_M)
-    here=$(cd "$(dirname "$0")" && pwd)
     for name in "${names[@]}"; do
-      path=$(cd "$here" && python3 -c "import sys; from pathlib import Path; from slice_parts.parts import \
-make_slice_file as m; print(m(sys.argv[1], Path(sys.argv[2]))['path'])" "$name" "${SLICE_DIR:-/tmp/slices}") || exit 1
-      { echo "## $name ($path)"; echo; echo "llama-bench ${LLAMA_BENCH_ARGS:--p 2048 -n 128 -r 3}:"; echo
-        bash "$0" run "$path" 2>&1 | grep -v "^ggml_\|^load\|^print_info\|^llama_"; echo
-        echo "llama-batched-bench, npp ${NPP:-2048} ntg ${NTG:-128} npl ${NPL:-1,8,32}:"; echo
-        # shellcheck disable=SC2086
-        bash "$0" batched "$path" ${LLAMA_BATCHED_ARGS:-} 2>&1 | grep -E "^\||^main:|error|failed"; echo; } >> "$out"
+      read -r path _ < <(slice_file "$name") || exit 1
+      { echo "## $name ($path)"; echo; both_benches "$path" "${LLAMA_BENCH_ARGS:--p 2048 -n 128 -r 3}"; } >> "$out"
     done
     ;;
   peer)
@@ -126,12 +137,9 @@ make_slice_file as m; print(m(sys.argv[1], Path(sys.argv[2]))['path'])" "$name" 
     # Markdown to OUT.md, llama-server's JSON beside it.
     out=${1:?OUT.md}; shift || true
     names=("$@"); (( ${#names[@]} )) || names=(r8-Q4_K_M-78L r8-IQ2_M-78L)
-    here=$(cd "$(dirname "$0")" && pwd)
     for name in "${names[@]}"; do
-      shared=$(cd "$here" && python3 -c "import sys; from pathlib import Path; from slice_parts.parts import \
-make_slice_file as m; print(m(sys.argv[1], Path(sys.argv[2]))['path'])" "$name" "${SLICE_DIR:-/tmp/slices}") || exit 1
-      need=$(python3 -c "import sys; sys.path.insert(0, '$here'); from slice_parts.parts import slice_plan; \
-print(slice_plan(sys.argv[1]).nbytes + (2 << 30))" "$name")
+      read -r shared rank_bytes < <(slice_file "$name") || exit 1
+      need=$((rank_bytes + (2 << 30)))
       dir=${PLAIN_DIR:-}
       if [[ -z "$dir" ]]; then
         dir=/tmp; (( $(df -B1 --output=avail /dev/shm | tail -1) > need )) && dir=/dev/shm
@@ -144,12 +152,7 @@ print(slice_plan(sys.argv[1]).nbytes + (2 << 30))" "$name")
       [[ -f "$plain" ]] || python3 -m glm5_shim make-slice "$plain" --plain-copy-of "$shared" --quiet >> "$out.log" 2>&1 \
         || { echo "## $name: plain copy failed"; tail -3 "$out.log"; } >> "$out"
       { echo "## $name ($plain, plain copy of $shared: $((SECONDS - t)) s)"; echo
-        echo "llama-bench ${LLAMA_BENCH_ARGS:--p 2048 -n 128 -r 2}:"; echo
-        LLAMA_BENCH_ARGS=${LLAMA_BENCH_ARGS:--p 2048 -n 128 -r 2} bash "$0" run "$plain" 2>&1 \
-          | grep -v "^ggml_\|^load\|^print_info\|^llama_"; echo
-        echo "llama-batched-bench, npp ${NPP:-2048} ntg ${NTG:-128} npl ${NPL:-1,8,32}:"; echo
-        # shellcheck disable=SC2086
-        bash "$0" batched "$plain" ${LLAMA_BATCHED_ARGS:-} 2>&1 | grep -E "^\||^main:|error|failed"; echo; } >> "$out"
+        both_benches "$plain" "${LLAMA_BENCH_ARGS:--p 2048 -n 128 -r 2}"; } >> "$out"
       # SERVER_ARGS: more bench/llama_server.py arguments, a shell line (quotes kept: --extra "-fa on")
       (eval "set -- ${SERVER_ARGS:-}"; timeout "${SERVER_TIMEOUT:-240}" python3 "$here/llama_server.py" "$plain" \
         --out "$(dirname "$out")/server-$name" --bin "${BUILD_DIR:-/tmp/llamacpp-build}/bin/llama-server" --slots 8 \

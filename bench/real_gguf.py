@@ -265,9 +265,9 @@ def other_checkpoint(out_dir: Path, arch: str, seed: int = 0) -> Path:
     checkpoint.mkdir(exist_ok=True)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tok_dir / name, checkpoint / name)
-    vocab = len(json.loads((tok_dir / "tokenizer.json").read_text())["model"]["vocab"])
-    added = len(json.loads((tok_dir / "tokenizer.json").read_text()).get("added_tokens", []))
-    config = getattr(transformers, config_class)(vocab_size=vocab + added, torch_dtype="bfloat16", **sizes)
+    tokenizer = json.loads((tok_dir / "tokenizer.json").read_text())
+    vocab = len(tokenizer["model"]["vocab"]) + len(tokenizer.get("added_tokens", []))
+    config = getattr(transformers, config_class)(vocab_size=vocab, torch_dtype="bfloat16", **sizes)
     torch.manual_seed(seed)
     model = getattr(transformers, model_class)(config).to(torch.bfloat16)
     model.save_pretrained(checkpoint, safe_serialization=True)

@@ -139,11 +139,11 @@ def collect(model: str | None = None) -> dict:
 def _model_summary(path: str, gpu_bytes: int | None = None) -> dict:
     """Header-only check of the model: what the loader would say, before any GPU memory is taken."""
     from glm5_shim.gguf.probe import gguf_architecture
-    from glm5_shim.gguf.report import OTHER_MODEL_NOTE, other_architecture
+    from glm5_shim.gguf.report import OTHER_MODEL_NOTE, is_other_architecture
     from glm5_shim.gguf.validate import validate
 
     summary: dict = {"path": path, "architecture": gguf_architecture(path)}
-    if other_architecture(path) is not None:  # another model: vLLM serves it, the shim has nothing to check
+    if is_other_architecture(summary["architecture"]):  # another model: vLLM serves it, nothing for the shim to check
         return dict(summary, errors=[], warnings=[], other_model=OTHER_MODEL_NOTE)
     findings = validate(path)
     summary["errors"] = [f.message for f in findings if f.level == "error"]

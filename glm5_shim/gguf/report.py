@@ -195,36 +195,52 @@ OTHER_MODEL_NOTE = ("not a GLM-5 (glm-dsa) GGUF: glm5-shim leaves it to vLLM —
                     "detection is skipped (a GGUF carries none)")
 
 
+def is_other_architecture(arch: str | None) -> bool:
+    """A GGUF's general.architecture names another model than glm-dsa (None: the header cannot say, and the
+    validator names what is wrong)."""
+    return bool(arch) and arch != GLM_DSA_ARCH
+
+
 def other_architecture(path: str | Path) -> str | None:
-    """The file's general.architecture when it is a readable GGUF of another architecture than glm-dsa; else None
-    (a glm-dsa file, or one whose header cannot say: the validator then names what is wrong)."""
+    """The file's general.architecture when it is a readable GGUF of another architecture than glm-dsa; else None."""
     from .probe import gguf_architecture
 
     arch = gguf_architecture(path)
-    return arch if arch and arch != GLM_DSA_ARCH else None
+    return arch if is_other_architecture(arch) else None
 
 
-def other_model_report(path: str | Path, arch: str) -> dict[str, Any]:
+def file_facts(model: GGUFModel) -> dict[str, Any]:
+    """What inspect says of any GGUF, whatever its architecture: files, sizes, tensor types and their bytes, and the
+    tensors that point at another's bytes."""
+    by_type: Counter = Counter()
+    for info in model:
+        by_type[info.type_name] += info.n_bytes
+    facts: dict[str, Any] = {
+        "path": str(model.path), "shards": [str(p) for p in model.paths], "file_bytes": model.file_size,
+        "architecture": model.architecture, "tensor_count": len(model.tensors),
+        "tensor_types": dict(sorted(Counter(t.type_name for t in model).items())),
+        "tensor_bytes_by_type": dict(sorted(by_type.items())),
+    }
+    shared, tensor_bytes = model.shared_data()
+    if shared:
+        facts["shared_data"] = {"tensors": shared, "tensor_bytes": tensor_bytes}
+    return facts
+
+
+def other_model_report(path: str | Path) -> dict[str, Any]:
     """inspect's report of another architecture's GGUF: the file's facts and OTHER_MODEL_NOTE, no findings."""
     try:
         model = open_gguf(path, expected_architecture=None)
     except GGUFError as exc:
         return {"path": str(path), "error": str(exc), "findings": [{"level": "error", "message": str(exc)}]}
-    by_type: Counter = Counter()
-    for info in model:
-        by_type[info.type_name] += info.n_bytes
-    return {"path": str(path), "shards": [str(p) for p in model.paths], "file_bytes": model.file_size,
-            "architecture": arch, "tensor_count": len(model.tensors),
-            "tensor_types": dict(sorted(Counter(t.type_name for t in model).items())),
-            "tensor_bytes_by_type": dict(sorted(by_type.items())), "findings": [], "other_model": OTHER_MODEL_NOTE}
+    return {**file_facts(model), "findings": [], "other_model": OTHER_MODEL_NOTE}
 
 
 def inspect_report(path: str | Path, assume: ServeAssumptions = ServeAssumptions()) -> dict[str, Any]:
     """Everything `format_report` prints, as plain data (JSON-serialisable).  assume: the GPU and `vllm serve`
     settings of the longest-context table."""
-    arch = other_architecture(path)
-    if arch is not None:
-        return other_model_report(path, arch)
+    if other_architecture(path) is not None:
+        return other_model_report(path)
     try:
         model = open_gguf(path, expected_architecture=GLM_DSA_ARCH)
     except GGUFError as exc:
@@ -235,22 +251,9 @@ def inspect_report(path: str | Path, assume: ServeAssumptions = ServeAssumptions
 def inspect_model(model: GGUFModel, assume: ServeAssumptions = ServeAssumptions()) -> dict[str, Any]:
     """inspect_report of an opened model."""
     report: dict[str, Any] = {
-        "path": str(model.path),
-        "shards": [str(p) for p in model.paths],
-        "file_bytes": model.file_size,
-        "architecture": model.architecture,
-        "tensor_count": len(model.tensors),
-        "tensor_types": dict(sorted(Counter(t.type_name for t in model).items())),
-        "tensor_bytes_by_type": {},
+        **file_facts(model),
         "findings": [{"level": f.level, "message": f.message} for f in validate_model(model)],
     }
-    by_type: Counter = Counter()
-    for info in model:
-        by_type[info.type_name] += info.n_bytes
-    report["tensor_bytes_by_type"] = dict(sorted(by_type.items()))
-    shared, tensor_bytes = model.shared_data()
-    if shared:
-        report["shared_data"] = {"tensors": shared, "tensor_bytes": tensor_bytes}
     try:
         config = build_hf_config(model, check_shapes=False)
     except GGUFError as exc:

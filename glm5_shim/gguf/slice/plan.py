@@ -121,10 +121,10 @@ def share_layer_data(tensors: list[SliceTensor], mtp_layer: int | None) -> list[
     first_of_kind: dict[tuple, int] = {}
     source: dict[int, int] = {}
     for layer in sorted(by_layer):
-        kind = tuple(sorted((t.name.split(".", 2)[2], t.type_name, t.shape, t.std, t.mean, t.pass_through)
-                            for t in by_layer[layer]))
         if layer == mtp_layer:
             continue
+        kind = tuple(sorted((t.name.split(".", 2)[2], t.type_name, t.shape, t.std, t.mean, t.pass_through)
+                            for t in by_layer[layer]))
         source[layer] = first_of_kind.setdefault(kind, layer)
     out = []
     for t in tensors:

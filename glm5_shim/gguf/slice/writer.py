@@ -52,15 +52,16 @@ class SliceResult:
 
 
 class SharedDataWriter(gguf.GGUFWriter):
-    """gguf-py's writer, with tensor-info offsets taken from `offsets` (name -> offset in the data section) instead of
-    one after another: tensors may point at the same bytes."""
+    """gguf-py's writer, with the tensor-info offsets of a --shared-data plan (data_offsets, at the writer's own
+    alignment) instead of one after another: tensors may point at the same bytes."""
 
-    def __init__(self, path, arch: str, offsets: dict[str, int]):
+    def __init__(self, path, arch: str, plan: SlicePlan):
         super().__init__(path, arch)
-        self.offsets = offsets
+        self.plan = plan
 
     def write_ti_data_to_file(self) -> None:
         assert self.fout is not None and len(self.fout) == 1, "one file, no splits"
+        self.offsets = data_offsets(self.plan, self.data_alignment)
         infos = bytearray()
         for name, ti in self.tensors[0].items():
             infos += self._pack_val(name, gguf.GGUFValueType.STRING, add_vtype=False)
@@ -137,8 +138,7 @@ def write_plan(out_path: str | Path, plan: SlicePlan, *, seed: int = 0,
     out_path.parent.mkdir(parents=True, exist_ok=True)
     blocks = blocks or RandomBlocks(seed)
 
-    writer = (SharedDataWriter(out_path, ARCH, data_offsets(plan, gguf.GGUF_DEFAULT_ALIGNMENT)) if plan.shared_data
-              else gguf.GGUFWriter(out_path, ARCH))
+    writer = SharedDataWriter(out_path, ARCH, plan) if plan.shared_data else gguf.GGUFWriter(out_path, ARCH)
     for t in plan.tensors:
         writer.add_tensor_info(t.name, t.shape, np.dtype(np.float32), t.nbytes,
                                raw_dtype=gguf.GGMLQuantizationType[t.type_name])
@@ -205,9 +205,8 @@ def slice_info(result: SliceResult) -> dict[str, Any]:
             "generate_gb_per_s": round(result.generate_gb_per_s, 3)}
 
 
-def slice_arguments(path: str | Path) -> dict[str, Any]:
-    """make-slice's arguments, read back from a slice's own metadata keys (KEY_PREFIX)."""
-    reader = gguf.GGUFReader(path)
+def slice_arguments(reader: gguf.GGUFReader, path: str | Path) -> dict[str, Any]:
+    """make-slice's arguments, read back from the slice's own metadata keys (KEY_PREFIX) in `reader` (of `path`)."""
     keys = {"layers": "layers", "dense_layers": "dense_layers", "mtp": "mtp", "preset": "preset",
             "tp_rank_of": "rank_of", "order": "order", "seed": "seed", "peaked": "peaked", "shared_data": "shared_data"}
     out: dict[str, Any] = {"shared_data": False, "peaked": False}
@@ -226,11 +225,11 @@ def write_plain_copy(src_path: str | Path, out_path: str | Path, *,
     """The slice at `src_path` (a --shared-data one, typically) written again with every tensor's own bytes, one
     after another: the same tensors, bytes and metadata as make-slice writes for the same arguments without
     --shared-data, and the bytes are copied from `src_path` (so the two files are one model)."""
-    args = slice_arguments(src_path)
+    reader = gguf.GGUFReader(src_path)
+    args = slice_arguments(reader, src_path)
     seed = args.pop("seed")
     args["shared_data"] = False
     plan = plan_slice(args.pop("layers"), args.pop("dense_layers"), args.pop("preset"), **args)
-    reader = gguf.GGUFReader(src_path)
     found = {t.name: t for t in reader.tensors}
     for t in plan.tensors:
         have = found.get(t.name)
