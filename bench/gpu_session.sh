@@ -98,12 +98,21 @@ fi
 if [[ " $steps " == *" consumer "* ]]; then
   # issue #52: the GPU tests with every kernel compiled for a consumer target and assembled for this GPU, planned as on
   # an RTX PRO 6000 (89) or an RTX 3090 (86, 80); CONSUMER_PTX: the targets (default "89 80"), CONSUMER_TESTS: the
-  # pytest arguments (default the sparse-MLA, indexer and GGUF GPU test files)
+  # test files (default the sparse-MLA, indexer and GGUF GPU test files).  Compiling is most of the time: each
+  # (target, file) is a process of its own, all at once (16 cores), each file's log tail kept.
+  files=${CONSUMER_TESTS:-tests/gpu/test_sparse_mla_gpu.py tests/gpu/test_indexer_gpu.py tests/gpu/test_gguf_matmul_gpu.py tests/gpu/test_gguf_mma_gpu.py}
+  mkdir -p /tmp/consumer
   for ptx in ${CONSUMER_PTX:-89 80}; do
-    log "consumer sm_$ptx"
-    (eval "set -- ${CONSUMER_TESTS:-tests/gpu/test_sparse_mla_gpu.py tests/gpu/test_indexer_gpu.py tests/gpu/test_gguf_matmul_gpu.py tests/gpu/test_gguf_mma_gpu.py}"
-     GLM5_SHIM_CONSUMER_PTX=$ptx timeout ${CONSUMER_TIMEOUT:-400} python -m pytest -q "$@" -p no:cacheprovider 2>&1 \
-       | tail -40 > "$OUT/consumer_sm$ptx.log")
+    log "consumer sm_$ptx: $files"
+    for f in $files; do
+      (GLM5_SHIM_CONSUMER_PTX=$ptx timeout ${CONSUMER_TIMEOUT:-400} python -m pytest -q -rfE "$f" -p no:cacheprovider \
+         > "/tmp/consumer/sm$ptx-$(basename "$f" .py).log" 2>&1) &
+    done
+  done
+  wait
+  for ptx in ${CONSUMER_PTX:-89 80}; do
+    for f in /tmp/consumer/sm$ptx-*.log; do echo "## $f"; tail -25 "$f"; done > "$OUT/consumer_sm$ptx.log"
+    log "consumer sm_$ptx: $(for f in /tmp/consumer/sm$ptx-*.log; do tail -1 "$f"; done | tr '\n' ';')"
   done
 fi
 if [[ " $steps " == *" e2e "* ]]; then

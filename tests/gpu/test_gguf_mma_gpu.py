@@ -10,6 +10,8 @@ the intermediate's, the output's).  A wrong permutation, scale or routing is off
 import pytest
 import torch
 
+from glm5_shim.kernels.device import device_figures
+
 pytestmark = pytest.mark.gpu
 COMPILED_KERNELS = ("_mma_kernel", "_mma_moe_kernel")
 U = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
@@ -37,7 +39,7 @@ def test_linear_within_bound(name, dtype):
     gm, ref, mma = _mods()
     qtype = getattr(gm, name)
     g = torch.Generator().manual_seed(qtype + (dtype == torch.float16))
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sms = device_figures(0).sms
     for n, k, quantized in ((333, 1024, False), (2624, 6144, True)):   # the float64 bound is built on the host
         w = (ref.quantized_blocks(qtype, torch.randn(n, k, generator=g) * 0.02)
              if quantized and qtype not in mma.GRID_TYPES else ref.random_blocks(qtype, n, k, g))
@@ -98,7 +100,7 @@ def test_wide_blocks_within_bound(name, dtype):
     gm, ref, mma = _mods()
     qtype = getattr(gm, name)
     g = torch.Generator().manual_seed(7 * qtype + (dtype == torch.float16))
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sms = device_figures(0).sms
     n, k = 333, 1024
     w = ref.random_blocks(qtype, n, k, g)
     wd, w64 = w.cuda(), ref.dequantize(w, qtype, k)
@@ -213,7 +215,7 @@ def test_packed_weights_give_the_file_layouts_output(name, dtype):
     gm, ref, mma = _mods()
     qtype = getattr(mma, name)
     g = torch.Generator().manual_seed(77 + qtype + (dtype == torch.float16))
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sms = device_figures(0).sms
     table = gm.grid_table(qtype, torch.device("cuda")) if qtype in mma.GRID_TYPES else None
     for n, k in ((333, 1024), (96, 256), (2624, 6144)):
         w = _blocks(ref, qtype, n, k, g)
@@ -239,7 +241,7 @@ def test_repacked_weights_on_every_serving_plan_give_the_file_layouts_output(nam
     gm, ref, mma = _mods()
     qtype = getattr(mma, name)
     g = torch.Generator().manual_seed(91 + qtype + (dtype == torch.float16))
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sms = device_figures(0).sms
     table = gm.grid_table(qtype, torch.device("cuda")) if qtype in mma.GRID_TYPES else None
     for n, k in ((2624, 6144), (96, 256)):
         w = _blocks(ref, qtype, n, k, g).cuda()
@@ -284,7 +286,7 @@ def test_loads_ahead_give_the_same_output(name):
     qtype = getattr(gm, name)
     pk = qtype in mma.PACKERS
     g = torch.Generator().manual_seed(91 + qtype)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sms = device_figures(0).sms
     table = gm.grid_table(qtype, torch.device("cuda")) if qtype in mma.GRID_TYPES else None
     w = _blocks(ref, qtype, 2624, 6144, g)
     w = (mma.pack(w, qtype) if pk else w).cuda()

@@ -10,6 +10,7 @@ import torch
 
 from glm5_shim.kernels import indexer_logits as il
 from glm5_shim.kernels import indexer_logits_reference as ref
+from glm5_shim.kernels.device import device_figures
 
 pytestmark = pytest.mark.gpu
 # every test must run one of these compiled (tests/gpu/conftest.py)
@@ -21,7 +22,8 @@ RTOL_BOUND = 2e-3
 
 
 def _cap():
-    return torch.cuda.get_device_capability()
+    # the capability the launchers plan for (a consumer GPU's under GLM5_SHIM_CONSUMER_PTX: tests/gpu/conftest.py)
+    return device_figures(0).capability
 
 
 def _paths():
@@ -99,7 +101,7 @@ def test_decode_gpu_vs_reference(heads, next_n, two_d):
 def test_decode_grid_from_occupancy():
     q8, w, cache, bt, cl = _decode_case(5, 32, 1, [3000, 5], two_d=False)
     il.paged_mqa_logits((q8, None), cache, w, cl, bt, None, 4096, False)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sms = device_figures(0).sms
     grids = {k: v for k, v in il._DECODE_GRID.items() if k[0] == q8.device.index}
     print(f"\ndecode grids (CTAs = per-SM occupancy x {sms} SMs): {grids}")
     assert grids and all(sms <= v <= il.MAX_DECODE_CTAS_PER_SM * sms for v in grids.values())
