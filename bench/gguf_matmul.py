@@ -12,8 +12,8 @@ against vLLM's bf16 computation on the dequantized weights.
 floor = bytes of the distinct weights a call must read / copy bandwidth measured in this run (read + write bytes
 per second of a 2 GiB device copy); for large T also the tensor-core floor (2 * flops / dense bf16 peak).
 
-Where the register-MMA decode kernels (kernels/gguf_mma.py) cover the type, MoE rows of decode size and dense rows
-of up to 8 tokens are timed on them too, next to the tile kernels (MoE: also the register-MMA kernels in session 6's
+Where the register-MMA decode kernels (register_mma.py) cover the type, MoE rows of decode size and dense rows
+of up to 8 tokens are timed on them too, next to the tile kernels (MoE: also the register-MMA kernels in the 2026-12-02
 five launches, and both routings of today's two-launch path); ``--parts mma_sweep`` times their launch shapes
 (warps x row repeats x programs an SM, ``--mma-sweep-grid``) for the ``--sweep-types`` at ``--mma-sweep-tokens``, each
 checked against the default shape's output.
@@ -40,9 +40,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import triton  # noqa: E402
 import triton.testing  # noqa: E402
 
-from glm5_shim.kernels import gguf_matmul as gm  # noqa: E402
-from glm5_shim.kernels import gguf_matmul_reference as ref  # noqa: E402
-from glm5_shim.kernels import gguf_mma  # noqa: E402
+from glm5_shim.kernels.gguf import tiles as gm  # noqa: E402
+from glm5_shim.kernels.gguf import reference as ref  # noqa: E402
+from glm5_shim.kernels.gguf import register_mma as gguf_mma  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import read_floor  # noqa: E402
@@ -239,7 +239,7 @@ def bench_moe(tp: int, type_names, tokens, bw, peak, gen, vg, bf16_moe, rows):
             plan = gm.moe_plan(t, TOP_K, EXPERTS)
             arms = {}
             if gguf_mma.covers(qt, HIDDEN, x.dtype, gguf_mma.KERNEL_TYPES) and not plan["fused_gate"]:  # mma arms
-                # tile: the tile kernels; mma_s6: the register-MMA kernels in session 6's five launches (align,
+                # tile: the tile kernels; mma_s6: the register-MMA kernels in the 2026-12-02 five launches (align,
                 # w13 planes, SiLU of their sum, w2, top-k sum); direct / sorted: today's two-launch epilogues
                 # with each routing forced (the default picks by MOE_DIRECT_MAX_TOKENS)
                 arms = {"tile": {**plan, "mma": False}, "mma_s6": {**plan, "mma": True, "fused_epilogues": False}}
@@ -590,7 +590,7 @@ def bench_load_width(bw, gen, rows, types=tuple(read_floor.PIECE_LAYOUTS)):
 
 
 # Dense linears of 33-256 rows (prefill chunks, MTP verify batches, many decoding requests): 2-3x slower than bf16
-# weights on the H200 (session 17: lm_head Q8_0 131 µs at 64 rows, 252 at 256, bf16 68 and 89) on the one 64-row
+# weights on the H200 (2026-12-05: lm_head Q8_0 131 µs at 64 rows, 252 at 256, bf16 68 and 89) on the one 64-row
 # tile (64 rows) and dequantization + cuBLAS (256).  The sweep's tiles for them: rows x features a program, warps,
 # stages; the default plan and, from 65 rows, dequantization too
 DENSE_WIDE_TILES = [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st)
@@ -600,7 +600,7 @@ DENSE_WIDE_TILES = [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st)
 
 def bench_sweep(bw, gen, rows, types=("Q4_K",), prefill_tokens=(1024,), decode_tokens=(1, 32), dense=True,
                 dense_tokens=(1, 32, 4096), dense_layers=(("q_a+kv_a", "Q4_K"), ("lm_head", "Q6_K"))):
-    """Time alternative launch parameters so the tuning constants in kernels/gguf_matmul.py can be chosen: decode
+    """Time alternative launch parameters so the tuning constants in kernels/gguf/tiles.py can be chosen: decode
     shapes at each of ``decode_tokens``, prefill tiles (Q4_K only) at each of ``prefill_tokens``, then (dense) the
     dense linears' (``dense_layers``: (layer, type)) at each of ``dense_tokens``: up to 64 rows the decode tiles
     (K split over the GPU), from 33 rows DENSE_WIDE_TILES too, above DENSE_DEQUANT_MIN_M the default plan
@@ -651,7 +651,7 @@ import sys, torch
 sys.path.insert(0, ".")
 from bench.gguf_matmul import random_blocks_cuda, routings
 from vllm.model_executor.layers.quantization import gguf as vg
-from glm5_shim.kernels import gguf_matmul as gm
+from glm5_shim.kernels.gguf import tiles as gm
 impl, qt, inter, t = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 gen = torch.Generator(device="cuda").manual_seed(0)
 w13 = random_blocks_cuda(qt, (256, 2 * inter), 6144, gen); w2 = random_blocks_cuda(qt, (256, 6144), inter, gen)
@@ -769,7 +769,7 @@ def markdown(rows, bw, device) -> str:
         out += [f"| {r['impl']} | {r['tp']} | {r['type']} | {r['rc']} | {r['result']} |" for r in cr]
     ma = [r for r in rows if r["kind"] == "moe" and "mma_s6_us" in r]
     if ma:
-        out += ["## MoE decode arms (µs): the tile kernels, the register-MMA kernels in session 6's five launches, "
+        out += ["## MoE decode arms (µs): the tile kernels, the register-MMA kernels in the 2026-12-02 five launches, "
                 "today's default (shim), and its two routings forced", "",
                 "| TP | type | T | tile | mma, 5 launches | **shim** | direct | sorted | floor | shim % floor "
                 "| max rel vs shim |", "|---|---|---|---|---|---|---|---|---|---|---|"]

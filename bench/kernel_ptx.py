@@ -44,8 +44,8 @@ def _target_fingerprints(cc: int) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from glm5_shim.kernels import gguf_matmul as gm
-    from glm5_shim.kernels import gguf_mma
+    from glm5_shim.kernels.gguf import tiles as gm
+    from glm5_shim.kernels.gguf import register_mma as gguf_mma
 
     out = {}
     for cfg in gm.kernel_configs() + gguf_mma.kernel_configs():

@@ -2,8 +2,8 @@
 
     python bench/kernel_sass.py [--cc 90] [--types Q4_K,Q5_K,Q6_K]
 
-Compiles the MoE decode variants the plans launch — the tile kernels (kernels/gguf_matmul.py, 16 routed rows x 64
-features a program, 128 values a loop step) and the register-MMA kernels (kernels/gguf_mma.py, 8 rows x 128
+Compiles the MoE decode variants the plans launch — the tile kernels (kernels/gguf/tiles.py, 16 routed rows x 64
+features a program, 128 values a loop step) and the register-MMA kernels (kernels/gguf/register_mma.py, 8 rows x 128
 features, 256 values a step) — for one target with Triton's own ptxas, disassembles them with its cuobjdump, takes
 the K loop (the shortest loop holding a tensor-core instruction) and counts its instructions per weight a thread
 decodes per trip.
@@ -26,8 +26,8 @@ from triton.experimental.gluon._runtime import GluonASTSource
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from glm5_shim.kernels import gguf_matmul as gm  # noqa: E402
-from glm5_shim.kernels import gguf_mma  # noqa: E402
+from glm5_shim.kernels.gguf import tiles as gm  # noqa: E402
+from glm5_shim.kernels.gguf import register_mma as gguf_mma  # noqa: E402
 
 # (SMs, clock Hz, memory bandwidth B/s): the H200 as measured on the device machine (4.27 TB/s copy, 1.98 GHz seen
 # under load); the others as published (boost clocks): RTX PRO 6000 Blackwell (sm_120), RTX 4090 (sm_89), RTX 3090
@@ -99,7 +99,7 @@ def main():
             wanted += [("mma w13 packed", f"mma {name.lower()} packed moe w13, SiLU reduced"),
                        ("mma w2 packed", f"mma {name.lower()} packed moe top-k sum -> bf16")]
         missing = [n for _, n in wanted if n not in configs]
-        if missing:  # a renamed variant must not vanish from the table silently (it did: session 7's rename)
+        if missing:  # a renamed variant must not vanish from the table silently (it did: the 2026-12-03 rename)
             raise SystemExit(f"no kernel config named {missing} (the configs: {sorted(configs)})")
         budgets = " | ".join(f"{128 * sms * clk / (bw / bytes_a_weight[name]):.1f}" for sms, clk, bw in GPUS.values())
         for label, cfg_name in wanted:

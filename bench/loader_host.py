@@ -1,5 +1,5 @@
 """Host work of one TP rank loading a GGUF's quantized tensors: a whole-tensor copy out of the memory map (the loader
-before session 10) against a view of the map (now), each then narrowed to the rank's shard and copied into a
+before 2026-12-03) against a view of the map (now), each then narrowed to the rank's shard and copied into a
 preallocated parameter, as vLLM's GGUF weight loaders do.
 
     python bench/loader_host.py SLICE.gguf [--tp 8] [--rank 0] [--repeat 2]

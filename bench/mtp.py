@@ -364,7 +364,7 @@ def run(args) -> int:
         start(arm, models, out, args.tp, args.dtype, extra)
     try:
         # Every server is up before any is timed: a server still compiling or capturing graphs takes the host's
-        # cores, and a timed arm's steps are host-bound at low concurrency (session 15 measured K=0's first-token
+        # cores, and a timed arm's steps are host-bound at low concurrency (2026-12-04 measured K=0's first-token
         # time doubled and K=3's steps 1.5x longer while the other arms started).
         not_ready = {}
         for arm in arms:

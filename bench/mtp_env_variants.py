@@ -1,5 +1,5 @@
 """MTP servers of one slice side by side, each with its own environment, K and extra `vllm serve` flags: which
-switch makes a failure go away.  Written to bisect the K=3 NaN prompt log-probs of 2026-12-04 (bench/RESULTS.md).
+switch makes a failure go away.  Written to bisect the K=3 NaN prompt log-probs (bench/journal/2026-12-04.md).
 
   MTP_VARIANTS='{"name": [K, {"ENV": "value"}, "shim"|"native", ["--flag", "value"]], ...}' OUT=DIR \\
       python bench/mtp_env_variants.py          # MTP_LAYERS (default 40): the peaked UD-IQ2_M-like slice's layers

@@ -24,8 +24,8 @@ sys.path.insert(0, str(BENCH))
 import torch  # noqa: E402
 
 import gguf_matmul as bench  # noqa: E402  (bench/gguf_matmul.py: shapes, types, routings)
-from glm5_shim.kernels import gguf_matmul as gm  # noqa: E402
-from glm5_shim.kernels import gguf_mma  # noqa: E402
+from glm5_shim.kernels.gguf import tiles as gm  # noqa: E402
+from glm5_shim.kernels.gguf import register_mma as gguf_mma  # noqa: E402
 
 
 def main():

@@ -54,7 +54,7 @@ class Assumptions:
     tp: int = 8
     hidden: int = 6144
     vocab: int = 154880
-    measured_bw_gbs: float = 4270.0  # H200 copy bandwidth measured on the device machine (bench/RESULTS.md)
+    measured_bw_gbs: float = 4270.0  # H200 copy bandwidth measured on the device machine (bench/journal/)
     measured_tflops: float = 989.0  # H200 dense bf16, published
     targets: list = field(default_factory=lambda: [
         Gpu("8x RTX PRO 6000 Blackwell", 1800.0, 500.0, "PCIe 5.0 x16, no NVLink (NCCL ring)", 30.0, 25.0),
@@ -295,7 +295,7 @@ def with_mtp(proj: dict, mtp: dict) -> dict:
 
 def full_model_groups(results: dict, part_key: str, a: Assumptions) -> dict:
     """The full model's bytes by group at one rank (glm5_shim's slice planner).  A failure stops the projection
-    (--no-full-bytes assumes the slice's bytes a layer instead): session 8's projection had silently fallen back to
+    (--no-full-bytes assumes the slice's bytes a layer instead): the 2026-12-03 projection had silently fallen back to
     the slice's bytes, 31.3 tok/s single stream where the full model's byte mix gives 31.5."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from slice_parts.weights import plan_groups

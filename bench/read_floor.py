@@ -89,7 +89,7 @@ def read_weight(w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tenso
 
 # ---------------------------------------------------------------------------------------------------------------
 # Load width: the code bytes of 2-byte-aligned blocks read as the register-MMA kernel reads them, against the same
-# bytes 16-byte aligned.  kernels/gguf_mma.py gives each thread 16 contiguous code bytes of a row ("a piece"; the 4
+# bytes 16-byte aligned.  register_mma.py gives each thread 16 contiguous code bytes of a row ("a piece"; the 4
 # lanes of a row take 4 consecutive pieces, 8 rows a warp).  Where blocks are 16-byte aligned (Q4_K, 144 B) a piece
 # is one 16-byte load; where they are only 2-byte aligned (Q6_K 210 B, Q8_0 34 B, IQ2_XXS 66 B) it is eight 2-byte
 # loads, each touching 8 rows' cache lines for 64 useful bytes.  read_pieces times both patterns over one weight.

@@ -46,7 +46,7 @@ from slice_parts.kernels import group_trace, load_trace  # noqa: E402
 from slice_parts.parts import PARTS  # noqa: E402
 from slice_parts.report import report  # noqa: E402
 
-# part a measured on the H200 (session 3): part b's log-probabilities are compared with it when a does not run
+# part a measured on the H200 (2026-12-02): part b's log-probabilities are compared with it when a does not run
 DEFAULT_LOGPROBS_REF = _BENCH / "results" / "2026-12-02-slice-part-a.json"
 
 

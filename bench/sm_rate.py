@@ -11,7 +11,7 @@ and the same bytes a clock on both.  Then, for each GPU of bench/kernel_sass.py'
 must take for the GPU to stream at full bandwidth, and the share of the floor the SMs allow there at the measured
 rate (the SM ceiling: at 100 % the kernel is bound by memory there, and its latency hiding decides how close it
 gets), assuming the same SASS runs at the same rate a clock (the sm_120 and sm_80 loops count within 0.3
-instructions a weight of the sm_90 ones, bench/RESULTS.md session 10).  A projection, not a measurement there.
+instructions a weight of the sm_90 ones, bench/journal/2026-12-03.md).  A projection, not a measurement there.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ SMS, CLOCK = GPUS["H200"][:2]
 
 
 def row_qtype(row: dict) -> str:
-    """The GGUF type a sweep row timed: recorded since session 27; older files only name it in the label
+    """The GGUF type a sweep row timed: recorded since 2026-12-07; older files only name it in the label
     ("mma moe tp8 Q6_K packed")."""
     if "qtype" in row:
         return row["qtype"]
@@ -41,7 +41,7 @@ def row_qtype(row: dict) -> str:
 def default_cfg(name: str) -> dict:
     """The launch-shape keys of GGUF type ``name`` as the plans take them now (the sweep records them without
     reps)."""
-    from glm5_shim.kernels import gguf_mma
+    from glm5_shim.kernels.gguf import register_mma as gguf_mma
     import gguf
     t = gguf_mma.tuning_for(int(gguf.GGMLQuantizationType[name]))
     # a key this code's tuning lacks is a knob it does not have: its sweeps' "off" value (stages: no ring)

@@ -20,8 +20,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import kernel_sass  # noqa: E402
 
-from glm5_shim.kernels import gguf_matmul as gm  # noqa: E402
-from glm5_shim.kernels import gguf_mma  # noqa: E402
+from glm5_shim.kernels.gguf import tiles as gm  # noqa: E402
+from glm5_shim.kernels.gguf import register_mma as gguf_mma  # noqa: E402
 
 VARIANTS = {"base": {}, "swap": dict(SWAP=True), "w8": dict(num_warps=8), "w8 swap": dict(num_warps=8, SWAP=True),
             "n32": dict(BLOCK_N=32), "n32 swap": dict(BLOCK_N=32, SWAP=True), "n32 w8": dict(BLOCK_N=32, num_warps=8),

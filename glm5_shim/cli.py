@@ -14,7 +14,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
 
     from glm5_shim.gguf.fixture import add_make_tiny_arguments
-    from glm5_shim.gguf.report import add_inspect_arguments
+    from glm5_shim.report import add_inspect_arguments
     from glm5_shim.gguf.slice import add_make_slice_arguments
 
     add_inspect_arguments(sub.add_parser(
@@ -43,7 +43,7 @@ def _run(args) -> int:
 
         return doctor_main(args)
     if args.command == "inspect":
-        from glm5_shim.gguf.report import run_inspect
+        from glm5_shim.report import run_inspect
 
         return run_inspect(args)
     if args.command == "make-slice":

@@ -123,7 +123,7 @@ def collect(model: str | None = None) -> dict:
     caps = sorted({tuple(g["capability"]) for g in found}) or []
     covered = False
     if model:  # the file decides the dtype on capability >= 10 (dtype_gate.gguf_dtype_for_auto)
-        from glm5_shim.gguf.report import every_matmul_on_shim_kernels
+        from glm5_shim.report import every_matmul_on_shim_kernels
 
         covered = every_matmul_on_shim_kernels(model)
     report["plan"] = [_plan_for(c, shim_runs_every_matmul=covered) for c in caps] if caps else []
@@ -139,7 +139,7 @@ def collect(model: str | None = None) -> dict:
 def _model_summary(path: str, gpu_bytes: int | None = None) -> dict:
     """Header-only check of the model: what the loader would say, before any GPU memory is taken."""
     from glm5_shim.gguf.probe import gguf_architecture
-    from glm5_shim.gguf.report import OTHER_MODEL_NOTE, is_other_architecture
+    from glm5_shim.report import OTHER_MODEL_NOTE, is_other_architecture
     from glm5_shim.gguf.validate import validate
 
     summary: dict = {"path": path, "architecture": gguf_architecture(path)}
@@ -149,7 +149,7 @@ def _model_summary(path: str, gpu_bytes: int | None = None) -> dict:
     summary["errors"] = [f.message for f in findings if f.level == "error"]
     summary["warnings"] = [f.message for f in findings if f.level != "error"]
     if not summary["errors"]:
-        from glm5_shim.gguf.report import inspect_report
+        from glm5_shim.report import inspect_report
         from glm5_shim.gguf.memory import ServeAssumptions
 
         report = inspect_report(path, ServeAssumptions(gpu_bytes=gpu_bytes) if gpu_bytes else ServeAssumptions())
@@ -223,11 +223,11 @@ def format_text(r: dict) -> str:
             lines.append("  " + first)
             lines.extend(rows)
         if m.get("matmul_paths"):
-            from glm5_shim.gguf.report import format_matmul_paths
+            from glm5_shim.report import format_matmul_paths
 
             lines.append("  " + format_matmul_paths(m["matmul_paths"]))
         if m.get("mtp"):
-            from glm5_shim.gguf.report import format_mtp
+            from glm5_shim.report import format_mtp
 
             lines.append("  " + format_mtp(m["mtp"]))
         split = m.get("tp_split", {})

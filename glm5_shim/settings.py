@@ -56,7 +56,8 @@ def gguf_kernels_choice() -> str:
 
 def gguf_decode_choice() -> str:
     """GLM5_SHIM_GGUF_DECODE: mma (default: decode-sized products on the register-MMA kernels of
-    kernels/gguf_mma.py for the types kernel_coverage lists) | tile (the tile kernels of kernels/gguf_matmul.py)."""
+    kernels/gguf/register_mma.py for the types kernels/gguf/routing.py lists) | tile (the tile kernels of
+    kernels/gguf/tiles.py)."""
     return _choice("GLM5_SHIM_GGUF_DECODE", ("mma", "tile"), "mma")
 
 
@@ -76,7 +77,7 @@ def consumer_ptx_target() -> int | None:
 
 def gguf_pack() -> bool:
     """GLM5_SHIM_GGUF_PACK: 1 (default) repacks Q8_0, Q6_K, IQ2_XXS and IQ2_S linear and expert weights at
-    load for the shim's kernels (aligned code loads; gguf/kernel_coverage.LOAD_PACKED_TYPES) | 0 keeps the file's
+    load for the shim's kernels (aligned code loads; kernels/gguf/routing.LOAD_PACKED_TYPES) | 0 keeps the file's
     layout.  Only where the shim's kernels compute GGUF matmuls (GLM5_SHIM_GGUF_KERNELS=shim)."""
     return _flag("GLM5_SHIM_GGUF_PACK", True)
 

@@ -56,7 +56,7 @@ def test_a_dequantizing_arm_passes_its_dequantize_shape_to_the_plan_and_the_rest
 def test_the_dense_sweeps_wide_tiles_are_tile_plans_of_their_own_shape():
     """Each DENSE_WIDE_TILES entry, passed as a tuning at 33-256 rows, gives the tile plan it names (not the
     dequantizing path the plan takes by default above DENSE_DEQUANT_MIN_M rows), K split only up to 64 rows."""
-    from glm5_shim.kernels import gguf_matmul as gm
+    from glm5_shim.kernels.gguf import tiles as gm
 
     assert gm.linear_plan(256, 19360, 6144, 132)["dequant"]
     for cfg in gm_bench.DENSE_WIDE_TILES:

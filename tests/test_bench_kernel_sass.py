@@ -1,5 +1,5 @@
 """bench/kernel_sass.py offline (Triton's ptxas and cuobjdump, no GPU): every variant a decode MoE launches is in its
-table (session 7's rename had dropped the register-MMA rows without a word), each counted over its K loop."""
+table (the 2026-12-03 rename had dropped the register-MMA rows without a word), each counted over its K loop."""
 import os
 import re
 import subprocess

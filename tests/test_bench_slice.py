@@ -196,7 +196,7 @@ def test_register_mma_kernels_are_placed_by_the_silu_between_the_moe_passes():
 
 
 def test_named_register_mma_moe_passes_and_their_sums_are_moe():
-    """Since session 7 the register-MMA kernel's MoE passes launch as _mma_moe_kernel (two launches, no SiLU kernel
+    """Since 2026-12-03 the register-MMA kernel's MoE passes launch as _mma_moe_kernel (two launches, no SiLU kernel
     between them; the top-k sum after w2 where the routing is sorted); _mma_kernel stays a dense linear, whose split
     sum is now inside the kernel."""
     names = ["void vllm::moe::grouped_topk_fused_small_expert_count_kernel<...>", "_mma_moe_kernel",
@@ -376,7 +376,7 @@ def test_latency_held_projection_scales_only_each_groups_floor():
 
 
 def test_projection_stops_when_the_full_model_cannot_be_planned():
-    """No silent fallback to the slice's bytes a layer (session 8's projection had one): one line, and the flag
+    """No silent fallback to the slice's bytes a layer (the 2026-12-03 projection had one): one line, and the flag
     that makes that assumption explicit."""
     res = json.loads(FIXTURE.read_text())
     assert projection.full_model_groups(res, "a", projection.Assumptions())["routed_per_moe_layer"] > 0
@@ -575,7 +575,7 @@ def _tiny_gguf(path, extra_key: str | None = None, value: float = 1.0) -> Path:
 
 
 def test_slices_are_the_same_model_by_their_tensors_not_their_metadata(tmp_path, capsys):
-    """A metadata key (session 8's make-slice --peaked flag) changes the file's bytes, not its model: the tensor
+    """A metadata key (the 2026-12-03 make-slice --peaked flag) changes the file's bytes, not its model: the tensor
     digest ignores it and sees one changed weight; runs that recorded digests are compared by them."""
     base = parts.tensor_digest(_tiny_gguf(tmp_path / "a.gguf"))
     assert parts.tensor_digest(_tiny_gguf(tmp_path / "b.gguf", extra_key="glm5_shim.slice.peaked")) == base

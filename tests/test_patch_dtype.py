@@ -120,7 +120,7 @@ def test_blackwell_keeps_bf16_when_the_shim_kernels_run_every_matmul(patched, ca
     """A file whose quantized matmuls all run on the shim's kernels: auto stays bfloat16, explicit bf16 is accepted
     and the gate admits it; a file with a type the kernels do not cover, or the kernels switched off: float16."""
     from glm5_shim.doctor import _plan_for
-    from glm5_shim.gguf.report import every_matmul_on_shim_kernels
+    from glm5_shim.report import every_matmul_on_shim_kernels
     from glm5_shim.patches import dtype_gate
 
     model_module, gguf_module = patched
@@ -128,10 +128,10 @@ def test_blackwell_keeps_bf16_when_the_shim_kernels_run_every_matmul(patched, ca
     monkeypatch.setattr(dtype_gate, "_BF16_BY_SHIM_KERNELS", set())
     capability(12, 0)
     # every quantized type make-tiny writes has a shim kernel now: Q4_0 stands for one that has none
-    from glm5_shim.gguf import kernel_coverage
+    from glm5_shim.kernels.gguf import routing
 
-    monkeypatch.setattr(kernel_coverage, "SHIM_KERNEL_TYPES",
-                        tuple(t for t in kernel_coverage.SHIM_KERNEL_TYPES if t != int(gguf.GGMLQuantizationType.Q4_0)))
+    monkeypatch.setattr(routing, "SHIM_KERNEL_TYPES",
+                        tuple(t for t in routing.SHIM_KERNEL_TYPES if t != int(gguf.GGMLQuantizationType.Q4_0)))
     every_matmul_on_shim_kernels.cache_clear()
     covered, uncovered = tiny_files["Q4_K"], tiny_files["Q4_0"]
     assert every_matmul_on_shim_kernels(covered) and not every_matmul_on_shim_kernels(uncovered)

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import gguf
 import pytest
 
-from glm5_shim.gguf.kernel_coverage import vllm_moe_max_tokens
+from glm5_shim.kernels.gguf.routing import vllm_moe_max_tokens
 from glm5_shim.patches.tp_split_check import vllm_moe_grid_problem
 
 T = gguf.GGMLQuantizationType

@@ -64,7 +64,7 @@ OTHER_KINDS = (("gemm (cuBLAS/CUTLASS)", re.compile(r"gemm|nvjet|cutlass|xmma|wg
 # kernels placed by their neighbours on the stream (module docstring)
 _QUANTIZE_Q8_1 = re.compile(r"quantize_q8_1")
 _SPLIT_K_PRODUCER = re.compile(r"^_linear_kernel|^_moe_kernel|^_mma_(moe_)?kernel")
-# before session 7 the register-MMA kernel served dense linears and both MoE passes under one name: a MoE pass was
+# before 2026-12-03 the register-MMA kernel served dense linears and both MoE passes under one name: a MoE pass was
 # next to the SiLU of its split sums (since, MoE passes launch as _mma_moe_kernel)
 _MMA = re.compile(r"^_mma_kernel")
 _SILU_SPLITS = re.compile(r"^_silu_mul_splits_kernel")

@@ -107,7 +107,7 @@ PARTS = {p.key: p for p in (
          ("startup", "decode"), decode="tile", concurrency=(1, 32), est_s=120),
     Part("h", "rank-of-8 Q4_K_M, shim arm, register-MMA decode (the default)", "r8-Q4_K_M", "shim",
          ("startup", "decode"), concurrency=(1, 32), est_s=120),
-    # the split sums A/B against a or h on one machine: separate reduction launches (session 6's MoE and linears)
+    # the split sums A/B against a or h on one machine: separate reduction launches (the 2026-12-02 MoE and linears)
     Part("i", "rank-of-8 Q4_K_M, shim arm, split sums by launch (GLM5_SHIM_GGUF_SPLITS=launch)", "r8-Q4_K_M", "shim",
          ("startup", "decode", "profile"), splits="launch", concurrency=(1, 32), est_s=170),
     # full depth (issue #47): one server (32k prompts fit) for the 2k and the 32k parts; profiles of a few steps
@@ -168,7 +168,7 @@ SLICE_DISK_SPARE = 2 << 30  # bytes left free on --slice-dir's disk after a slic
 
 
 def same_slice(mine: dict, ref: dict) -> tuple[bool, str]:
-    """Whether two runs' slice records are the same model: by tensor digest where both have one (session 9 on),
+    """Whether two runs' slice records are the same model: by tensor digest where both have one (2026-12-03 on),
     else by tensor and file bytes (a metadata key changes the file bytes: such a pair is refused here and can be
     compared with `slice_serve.py logprobs` after checking the tensors)."""
     if mine.get("tensor_sha256") and ref.get("tensor_sha256"):
@@ -180,8 +180,8 @@ def same_slice(mine: dict, ref: dict) -> tuple[bool, str]:
 
 def tensor_digest(path: Path) -> str:
     """sha256 of a GGUF's tensors (names, types, shapes, offsets, then every data byte), not its metadata: two
-    slices with the same digest compute the same model whatever keys make-slice adds (session 9: a metadata key
-    added in session 8 made the file 32 bytes longer and the byte-count check refused an identical slice)."""
+    slices with the same digest compute the same model whatever keys make-slice adds (2026-12-03: a metadata key
+    added in 2026-12-03 made the file 32 bytes longer and the byte-count check refused an identical slice)."""
     import hashlib
 
     import gguf

@@ -65,7 +65,7 @@ VLLM_SERVE_DEFAULTS_LARGE = (1024, 8192)
 VLLM_SERVE_DEFAULTS_SMALL = (256, 2048)
 # vllm/config/vllm.py: VllmConfig._set_cudagraph_sizes: max_cudagraph_capture_size is at most 512.  A FULL decode
 # graph holds one token a sequence, so its largest batch is min(max_num_seqs, 512): measured on the H200
-# (bench/RESULTS.md, 2026-12-01 long context): at --max-num-seqs 64 the CUDA-graph pool grew by 64 x 4 B a token of
+# (bench/journal/2026-12-01.md long context): at --max-num-seqs 64 the CUDA-graph pool grew by 64 x 4 B a token of
 # --max-model-len (0.12 -> 0.34 GiB from 131072 to 1048576), not by 128 x 4 B.
 VLLM_CUDAGRAPH_CAPTURE_CAP = 512
 

@@ -1,6 +1,6 @@
 """Gluon (Triton's explicit-layout dialect), or a stand-in that runs the same kernel source in Triton's interpreter.
 
-Gluon kernels name the register layout of every tensor, which is what lets :mod:`gguf_mma` feed tensor cores from
+Gluon kernels name the register layout of every tensor, which is what lets :mod:`register_mma` feed tensor cores from
 registers without a shared-memory round trip.  Triton 3.6's interpreter cannot run them; under TRITON_INTERPRET=1
 this module hands the kernels a ``gl`` whose layout arguments are ignored and whose ops are ``triton.language``'s
 (the interpreter patches those at launch), and ``jit`` is ``triton.jit``.  Layouts never change what a kernel

@@ -167,7 +167,7 @@ def _chunk_tile_counts(lens_ptr, c, B, stride_lb, stride_lj, lens_1d, next_n, ma
 
 
 # The batch B stays specialised: decode runs in CUDA graphs captured at start-up (every batch class compiles then),
-# and with B unspecialised the small-batch rows of bench/indexer.py measured slower (bench/RESULTS.md 2026-11-30).
+# and with B unspecialised the small-batch rows of bench/indexer.py measured slower (bench/journal/2026-11-30.md).
 @triton.jit
 def _paged_mqa_logits_kernel(
     q_ptr, stride_qb, stride_qn, stride_qh,   # q [B, next_n, H, D] e4m3 (float8e4nv ptr if NATIVE, else uint8)

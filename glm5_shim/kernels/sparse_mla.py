@@ -313,7 +313,7 @@ def _sparse_mla_fwd_kernel(
                 # shared memory) a load that feeds one dot through the e4m3 decode, but not one that feeds both
                 # QK (as K^T) and PV (as V): with one load per dot the fp8 gathers become asynchronous.  No default
                 # tile uses it: on the H200 the fp8 kernel is bound by issued instructions, not by gather latency,
-                # and this variant issues more (H200 numbers: bench/RESULTS.md, kernel tuning notes).
+                # and this variant issues more (H200 numbers: bench/journal/2026-12-01.md, kernel tuning notes).
                 # A tuning option for GPUs where that balance differs (bench/sparse_mla.py --sweep).
                 v0, v1, v2, v3 = _load_latent(kv_ptr, row, valid, 1)
             else:

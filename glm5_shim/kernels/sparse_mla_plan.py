@@ -70,7 +70,7 @@ class FwdTile:
 # * fp8 cache: Triton's pipeliner leaves a load synchronous when it feeds both dots through the decode (seen in
 #   the compiled TTGIR; with one load per dot, SPLIT_LOADS, it pipelines them); these tiles use the kernel's own
 #   register prefetch (PREFETCH) with num_stages=1.  On the H200 the fp8 kernel is bound by issued instructions,
-#   not by gather latency: split loads measured slower (ncu and timings: bench/RESULTS.md, kernel tuning notes).
+#   not by gather latency: split loads measured slower (ncu and timings: bench/journal/2026-12-01.md, tuning notes).
 # Consumer parts (sm_120/121, sm_8x) are held to 99 KiB of shared memory, mma.sync and 64K registers per SM;
 # Hopper/Blackwell-DC get 227 KiB and can hold 64 heads per program (each KV row gathered once per token).
 @functools.lru_cache(maxsize=None)  # pure; called on every launch (the dict is shared: do not mutate it)
@@ -86,7 +86,7 @@ def _fwd_tiles(capability: tuple[int, int], dtype: torch.dtype, kv_format: str) 
             t16 = FwdTile(16, 64, 8, 1, 1, prefetch=True)   # 92 KiB, 252 regs
             t32 = FwdTile(32, 32, 8, 1, 1, prefetch=True)   # 74 KiB, 246 regs (64 heads + prefetch spills)
             # sm_90 only: 64 heads a program without the register prefetch (each row gathered and decoded once per
-            # token) beat t32 on the H200 (bench/RESULTS.md, kernel tuning notes).  132 KiB, 255 regs, no spill
+            # token) beat t32 on the H200 (bench/journal/2026-12-01.md, tuning notes).  132 KiB, 255 regs, no spill
             # with bf16 queries; fp16 ones (bf16 dots too, compute_dtype) spill 168 B and measured slower (t32 not
             # measured with them; sm_90 GGUF serving runs bf16).
             t64 = FwdTile(64, 32, 8, 3, 1) if cap[0] == 9 and dtype == torch.bfloat16 else t32
@@ -96,7 +96,7 @@ def _fwd_tiles(capability: tuple[int, int], dtype: torch.dtype, kv_format: str) 
                 64: FwdTile(64, 32, 8, 5, 1)}                # 185 KiB, 252 regs
     if fp8:
         # 64 rows a tile, as on sm_90: beats (16, 32) on the H200 as a stand-in (the same mma.sync code at 16 heads;
-        # bench/RESULTS.md, kernel tuning notes); not measured on sm_120/8x hardware.  92 KiB, 247-255 regs, no
+        # bench/journal/2026-12-01.md, tuning notes); not measured on sm_120/8x hardware.  92 KiB, 247-255 regs, no
         # spill on sm_120/121/89/86/80.
         t16 = FwdTile(16, 64, 8, 1, 1, prefetch=True)
         t32 = FwdTile(32, 32, 8, 1, 1, prefetch=True)       # 74 KiB, 234 regs
@@ -114,7 +114,7 @@ def compute_dtype(q_dtype: torch.dtype, kv_format: str, on_gpu: bool = True) -> 
     """The dtype the kernel's dots take: the queries' own, except fp16 queries on the fp8_ds_mla cache (what GGUF
     serving runs on sm_100+, sm_120 included).  Those are rounded to bf16 on a GPU: fp16 P * scale leaves fp16's
     range for caches far from unit scale, and keeping it in range took a per-tile rescale that measured slower on
-    the H200 (bench/RESULTS.md, kernel tuning notes); bf16's rounding (2**-9) is far below the cache's own e4m3
+    the H200 (bench/journal/2026-12-01.md, tuning notes); bf16's rounding (2**-9) is far below the cache's own e4m3
     quantisation (2**-4 a value).  In the interpreter, whose bf16 dots are wrong, they run in fp32."""
     if kv_format == "fp8_ds_mla" and q_dtype == torch.float16:
         return torch.bfloat16 if on_gpu else torch.float32
@@ -130,7 +130,7 @@ def _compute_name(q_dtype: torch.dtype, kv_format: str, on_gpu: bool) -> str:
 def fp8_decode_method(capability: tuple[int, int], dtype: torch.dtype, on_gpu: bool = True) -> str:
     """The FP8_DECODE the fp8_ds_mla kernel uses for queries of ``dtype`` on ``capability`` (see FP8_DECODES).
 
-    Default: the native conversion from sm_89 on (measured fastest on an H200, bench/RESULTS.md 2026-11-30);
+    Default: the native conversion from sm_89 on (measured fastest on an H200, bench/journal/2026-11-30.md);
     below sm_89, which has none, the packed PTX bit trick into bf16 (plain Triton in the interpreter).
     ``GLM5_SPARSE_MLA_FP8_DECODE=<method>`` overrides it (benchmarking); a method this case cannot use is refused."""
     if compute_dtype(dtype, "fp8_ds_mla", on_gpu) == torch.float32:

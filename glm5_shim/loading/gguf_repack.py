@@ -4,7 +4,7 @@ aligned loads.
 The file's Q8_0 (34-byte), Q6_K (210-byte), IQ2_XXS (66-byte) and IQ2_S (82-byte) blocks are only 2-byte aligned;
 ``kernels/gguf_mma.pack`` moves the same bytes into a layout whose code bytes are 16-byte (IQ2: 8-byte) aligned,
 IQ2_XXS's sign words re-encoded on the way (bit-equal products; the measurements are in
-``gguf/kernel_coverage.LOAD_PACKED_TYPES``).  A repacked weight's type becomes ``packed_type(type)`` in its layer
+``kernels/gguf/routing.LOAD_PACKED_TYPES``).  A repacked weight's type becomes ``packed_type(type)`` in its layer
 (``qweight_type.weight_type``, a merged linear's ``shard_weight_type``, a MoE's ``w13_qweight_type`` /
 ``w2_qweight_type``): vLLM's GGUF methods pass that type to the shim's drop-ins, which read the weight packed and
 never hand it to vLLM's kernels.
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from glm5_shim.gguf.kernel_coverage import is_packed, packed_type, packs_at_load
+from glm5_shim.kernels.gguf.routing import is_packed, packed_type, packs_at_load
 
 # experts repacked a slice at a time: the scratch pack() makes stays below this
 _EXPERT_CHUNK_BYTES = 256 << 20
@@ -107,7 +107,7 @@ def _k_of(row_bytes: int, qtype: int) -> int:
 def repack_linear(layer: torch.nn.Module, tally: RepackTally) -> None:
     """A GGUF linear's qweight: a single weight, or a merged one's shards (rows [start, end), their own row bytes
     within the padded width; packed in place where the packed row is as long, else left in the file's layout)."""
-    from glm5_shim.kernels.gguf_mma import aligned, pack, packed_row_bytes
+    from glm5_shim.kernels.gguf.register_mma import aligned, pack, packed_row_bytes
 
     qweight, qtype_param = getattr(layer, "qweight", None), getattr(layer, "qweight_type", None)
     if not _loaded(qweight) or qtype_param is None:
@@ -170,7 +170,7 @@ def _file_row_bytes(qtype: int, k: int) -> int:
 def _packed_copy(w: torch.Tensor, qtype: int, k: int) -> torch.Tensor:
     """w in its packed layout: in place when the row length stays, else a new tensor filled a slice at a time
     (w's leading dimension: experts or rows)."""
-    from glm5_shim.kernels.gguf_mma import pack, packed_row_bytes
+    from glm5_shim.kernels.gguf.register_mma import pack, packed_row_bytes
 
     width = packed_row_bytes(qtype, k)
     out = w if width == w.shape[-1] else torch.empty(*w.shape[:-1], width, dtype=w.dtype, device=w.device)

@@ -2,7 +2,7 @@
 
 Registered with vLLM's ``direct_register_custom_op`` (cheap dispatch; fake implementations for torch.compile), so
 torch.compile and CUDA graphs capture them like vLLM's own ``_fused_mul_mat_gguf`` / ``_fused_moe_gguf``.  Each
-drop-in takes the shim's op when :func:`glm5_shim.gguf.kernel_coverage.shim_kernel_covers` says so for every
+drop-in takes the shim's op when :func:`glm5_shim.kernels.gguf.routing.shim_kernel_covers` says so for every
 weight of the call and the activations are 16-bit CUDA tensors, and otherwise calls vLLM's op unchanged.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import threading
 
 import torch
 
-from glm5_shim.gguf.kernel_coverage import (VLLM_LINEAR_MAX_ROWS, file_type, gguf_bf16_refused_at, is_packed,
+from glm5_shim.kernels.gguf.routing import (VLLM_LINEAR_MAX_ROWS, file_type, gguf_bf16_refused_at, is_packed,
                                             shim_kernel_covers, vllm_decodes, vllm_moe_decode_faster)
 
 _ACT_DTYPES = (torch.float16, torch.bfloat16)
@@ -20,7 +20,7 @@ _registered = False
 
 
 def _linear_op(x: torch.Tensor, qweight: torch.Tensor, qweight_type: int, n: int) -> torch.Tensor:
-    from glm5_shim.kernels.gguf_matmul import gguf_linear, row_bytes
+    from glm5_shim.kernels.gguf.tiles import gguf_linear, row_bytes
 
     if (x.shape[0] <= VLLM_LINEAR_MAX_ROWS and _vllm_vector_kernel_trusted(x)
             and vllm_decodes(qweight_type)):
@@ -50,7 +50,7 @@ def _moe_op(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: 
             topk_ids: torch.Tensor, qtype13: int, qtype2: int) -> torch.Tensor:
     from vllm.model_executor.layers.fused_moe.moe_align_block_size import moe_align_block_size
 
-    from glm5_shim.kernels.gguf_matmul import gguf_moe
+    from glm5_shim.kernels.gguf.tiles import gguf_moe
 
     if (vllm_moe_decode_faster(qtype13, x.shape[0], qtype2) and _vllm_vector_kernel_trusted(x)
             and vllm_decodes(qtype13, qtype2)):

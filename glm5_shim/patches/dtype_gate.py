@@ -24,7 +24,7 @@ from glm5_shim.registry import Patch, require, require_attr, require_params
 def gguf_dtype_for_auto(capability: tuple[int, int], shim_runs_every_matmul: bool = False) -> str:
     """What --dtype auto gives a GGUF with the shim on this compute capability (doctor asks this, the patch does it).
     ``shim_runs_every_matmul``: the file's quantized matmuls all run on the shim's kernels."""
-    from glm5_shim.gguf.kernel_coverage import gguf_bf16_refused_at  # not at import: patches load in every process
+    from glm5_shim.kernels.gguf.routing import gguf_bf16_refused_at  # not at import: patches load in every process
 
     if gguf_bf16_refused_at(capability) and not settings.allow_gguf_bf16() and not shim_runs_every_matmul:
         return "float16"
@@ -37,7 +37,7 @@ _BF16_BY_SHIM_KERNELS: set[str] = set()
 
 
 def shim_runs_every_matmul(model_id: str) -> bool:
-    from glm5_shim.gguf.report import every_matmul_on_shim_kernels
+    from glm5_shim.report import every_matmul_on_shim_kernels
 
     return every_matmul_on_shim_kernels(str(model_id))
 
@@ -46,7 +46,7 @@ def gguf_bf16_refused_by_vllm() -> bool:
     """True where vLLM 0.23's gate refuses bf16 for GGUF: the current platform reports capability >= 10.0."""
     from vllm.platforms import current_platform
 
-    from glm5_shim.gguf.kernel_coverage import GGUF_BF16_GATE_CAPABILITY
+    from glm5_shim.kernels.gguf.routing import GGUF_BF16_GATE_CAPABILITY
 
     return bool(current_platform.has_device_capability(GGUF_BF16_GATE_CAPABILITY))
 

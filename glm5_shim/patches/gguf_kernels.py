@@ -1,9 +1,9 @@
-"""GGUF matmuls on the shim's kernels: vLLM's GGUF linear and MoE calls go to ``glm5_shim/kernels/gguf_matmul.py``
+"""GGUF matmuls on the shim's kernels: vLLM's GGUF linear and MoE calls go to ``glm5_shim/kernels/gguf/tiles.py``
 in a process that serves a glm-dsa GGUF (GLM-5 or its MTP draft); any other GGUF keeps vLLM's own kernels.
 
 Target: ``vllm.model_executor.layers.quantization.gguf``.  ``GGUFLinearMethod.apply`` and ``GGUFMoEMethod.apply``
 call the module globals ``fused_mul_mat_gguf`` and ``fused_moe_gguf`` (vLLM's custom ops); both globals are
-replaced with drop-ins that take the shim's custom op for the types it covers (``gguf/kernel_coverage.py``) and
+replaced with drop-ins that take the shim's custom op for the types it covers (``kernels/gguf/routing.py``) and
 vLLM's op for the rest.  ``GGUFLinearMethod.apply`` is replaced too, so a merged linear's shards are read in place
 instead of copied on every call.  ``GLM5_SHIM_GGUF_KERNELS=vllm`` leaves all three alone.
 """
@@ -53,7 +53,7 @@ def _apply(module, patch: Patch) -> None:
     from vllm.logger import init_logger
 
     from glm5_shim import settings
-    from glm5_shim.gguf.kernel_coverage import (MMA_DECODE_TYPES, SHIM_KERNEL_TYPES, VLLM_LINEAR_ROWS_TEXT,
+    from glm5_shim.kernels.gguf.routing import (MMA_DECODE_TYPES, SHIM_KERNEL_TYPES, VLLM_LINEAR_ROWS_TEXT,
                                                 mma_moe_rows_text)
 
     names = "/".join(gguf.GGMLQuantizationType(t).name for t in SHIM_KERNEL_TYPES)

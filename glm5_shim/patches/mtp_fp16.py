@@ -36,26 +36,16 @@ def _check(module) -> None:
             "DeepseekV2DecoderLayer reads self.layer_idx somewhere else than its float16 residual scaling")
 
 
-def _serves_glm_gguf_draft(vllm_config) -> bool:
-    from glm5_shim.names import HF_MTP_MODEL_TYPE
-
-    spec = getattr(vllm_config, "speculative_config", None)
-    draft = getattr(spec, "draft_model_config", None)
-    if getattr(getattr(draft, "hf_config", None), "model_type", None) != HF_MTP_MODEL_TYPE:
-        return False
-    from glm5_shim.loading.hf_config import is_glm_dsa_gguf
-
-    return is_glm_dsa_gguf(draft.model)
-
-
 def _apply(module, patch: Patch) -> None:
+    from glm5_shim.loading.served import serves_glm_gguf
+
     cls = module.DeepSeekMultiTokenPredictorLayer
     stock_init = cls.__init__
     signature = inspect.signature(stock_init)
 
     def __init__(self, *args, **kwargs):
         stock_init(self, *args, **kwargs)
-        if _serves_glm_gguf_draft(signature.bind(self, *args, **kwargs).arguments["vllm_config"]):
+        if serves_glm_gguf(signature.bind(self, *args, **kwargs).arguments["vllm_config"], "draft"):
             self.mtp_block.layer_idx = 0
 
     patch.replace(cls, "__init__", __init__)

@@ -5,7 +5,7 @@ drafter (``propose_draft_token_ids``) before ``_bookkeeping_sync``, which comput
 (``_get_prompt_logprobs_dict``) from the target's ``hidden_states``.  Under piecewise CUDA graphs those hidden
 states are a weak reference into the graph memory pool (the last graph's output), and the drafter's own graphs
 replay in the same pool: by the time the prompt log-probabilities are computed they may have been written over.
-Seen on the H200 (bench/RESULTS.md, 2026-12-04): a 40-layer GLM-5 slice served with MTP K=1 returned prompt
+Seen on the H200 (bench/journal/2026-12-04.md): a 40-layer GLM-5 slice served with MTP K=1 returned prompt
 log-probs off by up to 11 nats against the same server without a draft (its generated tokens and their log-probs
 were right), and with K=2 or 3 NaN, which the OpenAI server cannot serialise (HTTP 400); without CUDA graphs, or
 with another memory layout, they were right.  Every ``prompt_logprobs`` / ``echo`` user (lm-eval's
@@ -45,10 +45,9 @@ def _check(module) -> None:
 def _serves_glm_gguf(runner) -> bool:
     cached = runner.__dict__.get("_glm5_shim_is_glm_gguf")
     if cached is None:
-        from glm5_shim.loading.hf_config import is_glm_dsa_gguf
+        from glm5_shim.loading.served import serves_glm_gguf
 
-        model = getattr(getattr(runner, "model_config", None), "model", None)
-        cached = runner.__dict__["_glm5_shim_is_glm_gguf"] = bool(model) and is_glm_dsa_gguf(model)
+        cached = runner.__dict__["_glm5_shim_is_glm_gguf"] = serves_glm_gguf(runner.vllm_config, "target")
     return cached
 
 

@@ -2,10 +2,12 @@
 
 Target: ``vllm.model_executor.models.deepseek_v2``.  ``DeepseekV2MLAAttention.__init__`` builds ``Indexer(...)`` in
 every layer, then decides from the config's IndexCache fields (index_topk_pattern / index_topk_freq /
-index_skip_topk_offset) whether the layer skips its top-k.  The module's ``Indexer`` name becomes a factory that
-returns SharedTopkIndexer for the layers that skip, for GGUF models (whose loader leaves those layers' indexer tensors
-out; a checkpoint that carries them would have nowhere to put them).  ``DeepseekV2MLAAttention.__init__`` is wrapped
-to check, layer by layer, that the stand-in sits exactly where vLLM skips the indexer: a mismatch stops start-up.
+index_skip_topk_offset) whether the layer skips its top-k.  The module's ``Indexer`` name becomes a subclass of vLLM's
+whose construction returns SharedTopkIndexer for the layers that skip, for glm-dsa GGUFs (whose loader leaves those
+layers' indexer tensors out; a checkpoint that carries them would have nowhere to put them); every other layer and
+model gets vLLM's Indexer, and ``isinstance(x, Indexer)`` keeps its meaning.  ``DeepseekV2MLAAttention.__init__``
+is wrapped to check, layer by layer, that the stand-in sits exactly where vLLM skips the indexer: a mismatch stops
+start-up.
 """
 from __future__ import annotations
 
@@ -29,33 +31,37 @@ def _check(module) -> None:
     require_attr(module, "extract_layer_index", _TARGET)
 
 
-def _serves_gguf(vllm_config) -> bool:
-    return getattr(getattr(vllm_config, "model_config", None), "quantization", None) == "gguf"
-
-
 def _apply(module, patch: Patch) -> None:
     from glm5_shim.attention.shared_indexer import SharedTopkIndexer, layer_skips_topk
+    from glm5_shim.loading.served import serves_glm_gguf
 
     stock_indexer = module.Indexer
     signature = inspect.signature(stock_indexer.__init__)
     reported = []
 
-    def Indexer(*args, **kwargs):  # noqa: N802  (stands in for the class name vLLM calls)
-        bound = signature.bind(None, *args, **kwargs)
-        config, prefix = bound.arguments["config"], bound.arguments.get("prefix", "")
-        vllm_config = bound.arguments["vllm_config"]
-        if _serves_gguf(vllm_config) and layer_skips_topk(config, module.extract_layer_index(prefix)):
-            if not reported:
-                reported.append(True)
-                from vllm.logger import init_logger
+    class Indexer(stock_indexer):
+        """vLLM's Indexer; a glm-dsa GGUF's layer that reuses the previous full layer's top-k gets
+        SharedTopkIndexer instead (returned by __new__: Python then skips __init__)."""
 
-                pattern = getattr(config, "index_topk_pattern", "")
-                init_logger("vllm.glm5_shim.indexer").info(
-                    "glm5-shim: %d of %d layers share the previous full layer's DSA top-k (%s): no indexer weights "
-                    "or indexer KV cache there", str(pattern).count("S"), len(pattern), pattern)
-            return SharedTopkIndexer(config, bound.arguments["topk_indices_buffer"], prefix)
-        return stock_indexer(*args, **kwargs)
+        def __new__(cls, *args, **kwargs):
+            if not args and not kwargs:  # copy / unpickle: object.__new__, its state follows
+                return super().__new__(cls)
+            bound = signature.bind(None, *args, **kwargs)
+            config, prefix = bound.arguments["config"], bound.arguments.get("prefix", "")
+            if (serves_glm_gguf(bound.arguments["vllm_config"])
+                    and layer_skips_topk(config, module.extract_layer_index(prefix))):
+                if not reported:
+                    reported.append(True)
+                    from vllm.logger import init_logger
 
+                    pattern = getattr(config, "index_topk_pattern", "")
+                    init_logger("vllm.glm5_shim.indexer").info(
+                        "glm5-shim: %d of %d layers share the previous full layer's DSA top-k (%s): no indexer "
+                        "weights or indexer KV cache there", str(pattern).count("S"), len(pattern), pattern)
+                return SharedTopkIndexer(config, bound.arguments["topk_indices_buffer"], prefix)
+            return super().__new__(cls)
+
+    Indexer.__qualname__, Indexer.__module__ = stock_indexer.__qualname__, stock_indexer.__module__
     Indexer.stock = stock_indexer
     patch.replace(module, "Indexer", Indexer)
 
@@ -71,7 +77,7 @@ def _apply(module, patch: Patch) -> None:
         vllm_config = init_signature.bind(self, *args, **kwargs).arguments["vllm_config"]
         shared = isinstance(indexer, SharedTopkIndexer)
         skips = bool(getattr(self.mla_attn, "skip_topk", False))
-        if shared != skips and (shared or _serves_gguf(vllm_config)):
+        if shared != skips and (shared or serves_glm_gguf(vllm_config)):
             raise RuntimeError(f"glm5-shim: {getattr(indexer, 'prefix', 'an attention layer')}: vLLM "
                                f"{'skips' if skips else 'runs'} this layer's DSA indexer but the shim built "
                                f"{'no' if shared else 'an'} indexer for it; refusing to start")

@@ -8,7 +8,7 @@ quantized weight (the target's, and its MTP draft's when one is asked for) split
 tensor-parallel size (see glm5_shim.gguf.tp_split:
 vLLM 0.23 cuts packed rows into TP byte ranges and would otherwise compute with pieces of blocks, silently), and
 that experts left on vLLM's GGUF MoE kernel (GLM5_SHIM_GGUF_KERNELS=vllm) do not get more routed tokens a step
-than its launch grid takes (kernel_coverage.vllm_moe_max_tokens: with IQ experts and vLLM's default 8 192 batched
+than its launch grid takes (routing.vllm_moe_max_tokens: with IQ experts and vLLM's default 8 192 batched
 tokens the engine would die in start-up's profile run with "CUDA error: invalid argument").
 """
 from __future__ import annotations
@@ -18,27 +18,13 @@ from glm5_shim.registry import Patch, require_attr, require_params
 _TARGET = "vllm.engine.arg_utils"
 
 
-def _served_glm_ggufs(vllm_config):
-    """(model config, its parallel config, draft?) for the target model and its MTP draft (--speculative-config
-    method mtp, at the draft's parallel size), each where it is a glm-dsa GGUF."""
-    from glm5_shim.loading.hf_config import is_glm_dsa_gguf
-    from glm5_shim.names import HF_MODEL_TYPE, HF_MTP_MODEL_TYPE
-
-    parallel = vllm_config.parallel_config
-    spec = getattr(vllm_config, "speculative_config", None)
-    for model_config, model_parallel, model_type, draft in (
-            (vllm_config.model_config, parallel, HF_MODEL_TYPE, False),
-            (getattr(spec, "draft_model_config", None), getattr(spec, "draft_parallel_config", None) or parallel,
-             HF_MTP_MODEL_TYPE, True)):
-        if (getattr(getattr(model_config, "hf_config", None), "model_type", None) == model_type
-                and is_glm_dsa_gguf(model_config.model)):
-            yield model_config, model_parallel, draft
-
-
 def check_tp_split(vllm_config) -> None:
     """Raise GGUFError (one line) when this config's GGUF cannot be split at its tensor-parallel size: the target
     model's weights, then those of its MTP draft (--speculative-config method mtp) at the draft's size."""
-    for model_config, parallel, draft in _served_glm_ggufs(vllm_config):
+    from glm5_shim.loading.served import served_glm_ggufs
+
+    for served in served_glm_ggufs(vllm_config):
+        model_config, parallel, draft = served.model_config, served.parallel_config, served.role == "draft"
         _check_one(model_config, parallel, draft=draft)
 
 
@@ -53,7 +39,10 @@ def check_vllm_moe_grid(vllm_config) -> None:
     tokens = getattr(getattr(vllm_config, "scheduler_config", None), "max_num_batched_tokens", None)
     if not tokens:
         return
-    for model_config, parallel, draft in _served_glm_ggufs(vllm_config):
+    from glm5_shim.loading.served import served_glm_ggufs
+
+    for served in served_glm_ggufs(vllm_config):
+        model_config, parallel, draft = served.model_config, served.parallel_config, served.role == "draft"
         problem = vllm_moe_grid_problem(
             load_plan_for(model_config.model, draft=draft), tokens, int(model_config.hf_config.num_experts_per_tok),
             acts_16bit=model_config.dtype in (torch.float16, torch.bfloat16), tp=parallel.tensor_parallel_size,
@@ -71,7 +60,7 @@ def vllm_moe_grid_problem(plan, tokens: int, top_k: int, *, acts_16bit: bool = T
     import gguf
 
     from glm5_shim import settings
-    from glm5_shim.gguf.kernel_coverage import (VLLM_MOE_TILE_TYPES, VLLM_MOE_VECTOR_MAX_ROUTED, shim_kernel_covers,
+    from glm5_shim.kernels.gguf.routing import (VLLM_MOE_TILE_TYPES, VLLM_MOE_VECTOR_MAX_ROUTED, shim_kernel_covers,
                                                 vllm_moe_max_tokens)
     from glm5_shim.gguf.tensor_map import ROLE_EXPERTS, TP_ROW
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from glm5_shim.gguf import report as gguf_inspect
+from glm5_shim import report as gguf_inspect
 from glm5_shim.gguf.reader import open_gguf
 
 

@@ -1,14 +1,14 @@
 """Which GGUF matmul each quantized weight of a file runs on, as inspect and doctor say it (gguf/report.py, from
-gguf/kernel_coverage.py): counted per type from the load plan of real llama-quantize mixes."""
+kernels/gguf/routing.py): counted per type from the load plan of real llama-quantize mixes."""
 import gguf
 import pytest
 
 from glm5_shim.gguf.config import build_hf_config
 from glm5_shim.gguf.fixture import make_tiny
-from glm5_shim.gguf.kernel_coverage import MMA_DECODE_TYPES, SHIM_KERNEL_TYPES, VLLM_MOE_DECODE_TOKENS
+from glm5_shim.kernels.gguf.routing import MMA_DECODE_TYPES, SHIM_KERNEL_TYPES, VLLM_MOE_DECODE_TOKENS
 from glm5_shim.gguf.load_plan import plan_tensors
 from glm5_shim.gguf.reader import open_gguf
-from glm5_shim.gguf.report import format_matmul_paths, matmul_paths
+from glm5_shim.report import format_matmul_paths, matmul_paths
 
 
 def _plan(path):
@@ -54,7 +54,7 @@ def test_the_line_says_where_decode_runs_by_default_and_with_the_tile_switch(mon
     assert "Q4_K" in mma
     monkeypatch.delenv("GLM5_SHIM_GGUF_DECODE", raising=False)
     line = format_matmul_paths(paths)
-    # kernel_coverage.MMA_MOE_MAX_ROWS_PER_EXPERT: Q4_K and Q8_0 to 16 rows an expert, Q6_K to 64
+    # routing.MMA_MOE_MAX_ROWS_PER_EXPERT: Q4_K and Q8_0 to 16 rows an expert, Q6_K to 64
     assert f"decode-sized {mma} products (MoEs up to 16-64 routed rows an expert) on the register-MMA kernels " \
            "(GLM5_SHIM_GGUF_DECODE=tile" in line
     assert "one row stay on vLLM's vector kernels" in line
@@ -65,7 +65,7 @@ def test_the_line_says_where_decode_runs_by_default_and_with_the_tile_switch(mon
 
 
 def test_the_line_warns_when_vllms_kernels_would_decode_iq3_s():
-    """vLLM 0.23 decodes IQ3_S with llama.cpp's pre-2024 grid (kernel_coverage.VLLM_MISDECODED_TYPES): a file whose
+    """vLLM 0.23 decodes IQ3_S with llama.cpp's pre-2024 grid (routing.VLLM_MISDECODED_TYPES): a file whose
     IQ3_S weights would run there (GLM5_SHIM_GGUF_KERNELS=vllm) is told so; on the shim's kernels nothing is said."""
     line = format_matmul_paths({"shim": {}, "vllm": {"IQ3_S": 4, "IQ2_XXS": 2}})
     assert "WARNING: vLLM 0.23's kernels decode IQ3_S wrongly" in line

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from glm5_shim.gguf import report as gguf_inspect
+from glm5_shim import report as gguf_inspect
 from glm5_shim.gguf import memory
 
 GIB, MIB = 1 << 30, 1 << 20
@@ -206,7 +206,7 @@ def test_shared_layer_indexer_weights_are_not_counted(tiny, glm52):
 
 
 def test_what_grows_with_the_context_matches_the_h200_measurement(tmp_path):
-    """bench/RESULTS.md (2026-12-01, long context): a 7-layer GLM-5.2-style model served with --max-num-seqs 64 on the
+    """bench/journal/ (2026-12-01, long context): a 7-layer GLM-5.2-style model served with --max-num-seqs 64 on the
     H200 (vllm serve's defaults there: 8192 batched tokens).  From --max-model-len 131072 to 1048576 vLLM's KV pool
     shrank by 4.72 GiB (shim; 4.73 native), of which the CUDA-graph pool took 0.22 GiB (0.12 -> 0.34): the indexer
     prefill workspace and the FULL decode graph's logits, the two L-dependent buffers vLLM counts before sizing the

@@ -11,7 +11,7 @@ from glm5_shim.gguf.config import build_hf_config
 from glm5_shim.gguf.errors import GGUFError
 from glm5_shim.gguf.load_plan import MTP_FLAG, mtp_draft_problem, plan_load, plan_tensors
 from glm5_shim.gguf.reader import open_gguf
-from glm5_shim.gguf.report import format_report, inspect_report
+from glm5_shim.report import format_report, inspect_report
 from glm5_shim.gguf.tensor_map import ROLE_FORCE_FLOAT, ROLE_FROM_TARGET, build_tensor_map, mtp_param_name
 from glm5_shim.gguf.type_policy import DEQUANTIZE, FLOAT, KEEP, KV_B, SKIP, skip_reason
 from glm5_shim.gguf.validate import ERROR, WARNING, validate

@@ -57,7 +57,7 @@ def test_the_files_are_other_architectures_with_fallback_rows(other_files):
 
 def test_doctor_and_inspect_say_what_the_shim_does_for_them(other_files, capsys):
     from glm5_shim.cli import main
-    from glm5_shim.gguf.report import OTHER_MODEL_NOTE
+    from glm5_shim.report import OTHER_MODEL_NOTE
 
     for arch, files in other_files.items():
         for path in files.values():

@@ -1,6 +1,6 @@
 """The tensor table and the memory arithmetic at GLM-5's real size (config values from zai-org/GLM-5's config.json):
 1809 GGUF tensors with the MTP block, 743.9B parameters without it, 753.9B with it."""
-from glm5_shim.gguf.report import kv_cache_bytes_per_token
+from glm5_shim.report import kv_cache_bytes_per_token
 from glm5_shim.gguf.tensor_map import ROLE_MTP, build_tensor_map
 
 GLM5 = dict(hidden_size=6144, vocab_size=154880, num_attention_heads=64, q_lora_rank=2048, kv_lora_rank=512,

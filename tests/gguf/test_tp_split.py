@@ -7,7 +7,7 @@ import pytest
 
 from glm5_shim.gguf.config import build_hf_config
 from glm5_shim.gguf.fixture import make_tiny
-from glm5_shim.gguf.report import inspect_report
+from glm5_shim.report import inspect_report
 from glm5_shim.gguf.load_plan import PlannedTensor, plan_load
 from glm5_shim.gguf.reader import open_gguf
 from glm5_shim.gguf.tp_split import clean_tp_sizes, split_problems

@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import gguf
 import pytest
 
-from glm5_shim.gguf import report as gguf_inspect
+from glm5_shim import report as gguf_inspect
 from glm5_shim.gguf.config import build_hf_config
 from glm5_shim.gguf.errors import GGUFError
 from glm5_shim.gguf.load_plan import plan_load

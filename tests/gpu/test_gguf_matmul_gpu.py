@@ -13,20 +13,21 @@ import gguf
 import pytest
 import torch
 
-from glm5_shim.gguf.kernel_coverage import SHIM_KERNEL_TYPES
+from glm5_shim.kernels.gguf import traits
+from glm5_shim.kernels.gguf.routing import SHIM_KERNEL_TYPES
 
 pytestmark = pytest.mark.gpu
 COMPILED_KERNELS = ("_linear_kernel", "_moe_kernel", "_silu_mul_splits_kernel", "_mma_kernel",
                     "_mma_moe_kernel", "_moe_dense_kernel")
 
 U = {torch.bfloat16: 2.0 ** -9, torch.float16: 2.0 ** -12}
-# every type the kernels read (kernel_coverage: pure, no kernel import)
+# every type the kernels read (kernels/gguf/routing: pure, no kernel import)
 KERNEL_TYPE_NAMES = [gguf.GGMLQuantizationType(t).name for t in SHIM_KERNEL_TYPES]
 
 
 def _mods():
-    from glm5_shim.kernels import gguf_matmul as gm
-    from glm5_shim.kernels import gguf_matmul_reference as ref
+    from glm5_shim.kernels.gguf import tiles as gm
+    from glm5_shim.kernels.gguf import reference as ref
     return gm, ref
 
 
@@ -45,7 +46,7 @@ def _weights(qtype, rows, k, g, quantized):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_linear_vs_float64(qtype_name, dtype):
     gm, ref = _mods()
-    qtype = getattr(gm, qtype_name)
+    qtype = getattr(traits, qtype_name)
     g = torch.Generator().manual_seed(qtype * 7 + (dtype == torch.float16))
     for n, k, quantized in ((333, 1024, False), (2624, 6144, True)):
         w = _weights(qtype, n, k, g, quantized)
@@ -61,17 +62,17 @@ def test_linear_reads_rows_of_a_padded_merged_weight():
     """vLLM pads a merged linear's shards to the widest row; the kernel reads row views of it in place."""
     gm, ref = _mods()
     g = torch.Generator().manual_seed(5)
-    a = ref.random_blocks(gm.Q4_K, 96, 2048, g)
-    b = ref.random_blocks(gm.Q6_K, 64, 2048, g)
+    a = ref.random_blocks(traits.Q4_K, 96, 2048, g)
+    b = ref.random_blocks(traits.Q6_K, 64, 2048, g)
     padded = torch.zeros(160, b.shape[1], dtype=torch.uint8)
     padded[:96, : a.shape[1]] = a
     padded[96:] = b
     pd = padded.cuda()
     x = torch.randn(5, 2048, generator=g).to(torch.bfloat16)
-    got_a = gm.gguf_linear(x.cuda(), pd[:96], gm.Q4_K, 96)
-    got_b = gm.gguf_linear(x.cuda(), pd[96:], gm.Q6_K, 64)
-    assert _rel(got_a, ref.linear_reference(x, a, gm.Q4_K)) <= 3 * U[torch.bfloat16]
-    assert _rel(got_b, ref.linear_reference(x, b, gm.Q6_K)) <= 3 * U[torch.bfloat16]
+    got_a = gm.gguf_linear(x.cuda(), pd[:96], traits.Q4_K, 96)
+    got_b = gm.gguf_linear(x.cuda(), pd[96:], traits.Q6_K, 64)
+    assert _rel(got_a, ref.linear_reference(x, a, traits.Q4_K)) <= 3 * U[torch.bfloat16]
+    assert _rel(got_b, ref.linear_reference(x, b, traits.Q6_K)) <= 3 * U[torch.bfloat16]
 
 
 def _moe_case(qtype13, qtype2, e, h, inter, t, top_k, g, hot=None):
@@ -97,7 +98,7 @@ def test_moe_vs_float64(types, dtype):
     kernels past the common threshold where both types run there), 75 (prefill tiles or dequantized experts), one
     expert group hot."""
     gm, ref = _mods()
-    q13, q2 = getattr(gm, types[0]), getattr(gm, types[1])
+    q13, q2 = getattr(traits, types[0]), getattr(traits, types[1])
     g = torch.Generator().manual_seed(q13 * 31 + q2)
     e, h, inter, top_k = 32, 1024, 256, 8
     for t, hot in ((1, None), (5, None), (37, None), (200, None), (300, None), (64, 3)):
@@ -116,7 +117,7 @@ def test_tiles_tuned_for_mma_sync_targets_vs_float64(types, dtype):
     here on any GPU) and in the other variants (SWAP, 32-feature 8-warp w13 blocks), and the dense tile linear with
     SWAP at 16, 40 and 100 rows: compiled for this GPU, against float64, same bounds as the untuned tiles."""
     gm, ref = _mods()
-    q13, q2 = getattr(gm, types[0]), getattr(gm, types[1])
+    q13, q2 = getattr(traits, types[0]), getattr(traits, types[1])
     g = torch.Generator().manual_seed(q13 * 7 + q2)
     e, h, inter, top_k, t = 16, 1024, 256, 8, 160
     w13, w2, x, ids, wts = _moe_case(q13, q2, e, h, inter, t, top_k, g)
@@ -133,7 +134,7 @@ def test_tiles_tuned_for_mma_sync_targets_vs_float64(types, dtype):
     for m in (16, 40, 100):
         xm = torch.randn(m, h, generator=g).to(dtype)
         plan = {**gm.linear_plan(m, w.shape[0], h, 132, tuning={"BLOCK_M": 64} if m == 100 else None), "SWAP": True}
-        if q13 == gm.Q4_K:   # what an mma.sync target serves (linear_tile_tuning)
+        if q13 == traits.Q4_K:   # what an mma.sync target serves (linear_tile_tuning)
             assert plan == gm.linear_plan(m, w.shape[0], h, 132, tuning={"BLOCK_M": 64} if m == 100 else None,
                                           qtype=q13, capability=(12, 0))
         err = _rel(gm.gguf_linear(xm.cuda(), w.cuda(), q13, plan=plan), ref.linear_reference(xm, w, q13))
@@ -149,7 +150,7 @@ def test_moe_dequantized_vs_float64(types, dtype):
     of 3 experts (evenly filled: 11 chunks; blocks outside a chunk return at once), the default 128x128 tiles and
     64x64 ones; the weights rounded once to the activation dtype, as on the other paths: same bound."""
     gm, ref = _mods()
-    q13, q2 = getattr(gm, types[0]), getattr(gm, types[1])
+    q13, q2 = getattr(traits, types[0]), getattr(traits, types[1])
     g = torch.Generator().manual_seed(q13 * 17 + q2)
     e, h, inter, top_k = 32, 1024, 256, 8
     per_expert = 2 * inter * h * 2
@@ -194,20 +195,20 @@ def test_cuda_graph_capture_and_replay():
     gm, ref = _mods()
     g = torch.Generator().manual_seed(11)
     e, h, inter, top_k, t = 16, 512, 256, 4, 6
-    w13, w2, x, ids, wts = _moe_case(gm.Q4_K, gm.Q6_K, e, h, inter, t, top_k, g)
-    wl = ref.random_blocks(gm.Q8_0, 200, h, g)
+    w13, w2, x, ids, wts = _moe_case(traits.Q4_K, traits.Q6_K, e, h, inter, t, top_k, g)
+    wl = ref.random_blocks(traits.Q8_0, 200, h, g)
     d = {k: v.cuda() for k, v in dict(w13=w13, w2=w2, wl=wl).items()}
     xs, idss, wtss = x.bfloat16().cuda(), ids.cuda(), wts.cuda()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        gm.gguf_moe(xs, d["w13"], d["w2"], wtss, idss, gm.Q4_K, gm.Q6_K)
-        gm.gguf_linear(xs, d["wl"], gm.Q8_0)
+        gm.gguf_moe(xs, d["w13"], d["w2"], wtss, idss, traits.Q4_K, traits.Q6_K)
+        gm.gguf_linear(xs, d["wl"], traits.Q8_0)
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out_moe = gm.gguf_moe(xs, d["w13"], d["w2"], wtss, idss, gm.Q4_K, gm.Q6_K)
-        out_lin = gm.gguf_linear(xs, d["wl"], gm.Q8_0)
+        out_moe = gm.gguf_moe(xs, d["w13"], d["w2"], wtss, idss, traits.Q4_K, traits.Q6_K)
+        out_lin = gm.gguf_linear(xs, d["wl"], traits.Q8_0)
     for seed in (1, 2):  # new inputs and routings, same buffers
         g2 = torch.Generator().manual_seed(100 + seed)
         x2 = torch.randn(t, h, generator=g2)
@@ -216,6 +217,6 @@ def test_cuda_graph_capture_and_replay():
         idss.copy_(ids2)
         graph.replay()
         torch.cuda.synchronize()
-        want = ref.moe_reference(x2.bfloat16(), w13, w2, wts, ids2, gm.Q4_K, gm.Q6_K)
+        want = ref.moe_reference(x2.bfloat16(), w13, w2, wts, ids2, traits.Q4_K, traits.Q6_K)
         assert _rel(out_moe, want) <= 4 * U[torch.bfloat16]
-        assert _rel(out_lin, ref.linear_reference(x2.bfloat16(), wl, gm.Q8_0)) <= 3 * U[torch.bfloat16]
+        assert _rel(out_lin, ref.linear_reference(x2.bfloat16(), wl, traits.Q8_0)) <= 3 * U[torch.bfloat16]

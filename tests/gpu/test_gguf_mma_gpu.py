@@ -1,7 +1,7 @@
-"""The register-MMA decode kernels (kernels/gguf_mma.py, Gluon: Q4_K, Q5_K, Q6_K, Q8_0) compiled on a real GPU, against
+"""The register-MMA decode kernels (kernels/gguf/register_mma.py, Gluon) compiled on a real GPU, against
 float64 on the ``gguf`` package's dequantization.
 
-Bound (elementwise, derived in kernels/gguf_mma.py): each weight is off by at most u (|s n| + |m| + |w|) (Q4_K,
+Bound (elementwise, derived in kernels/gguf/register_mma.py): each weight is off by at most u (|s n| + |m| + |w|) (Q4_K,
 Q5_K) or 2 u |w| (Q6_K, Q8_0) with u the activation dtype's unit roundoff (bf16 2**-8, fp16 2**-11), the float32 sums by
 K 2**-24 sum |x w|, the output by its own rounding u |out| (gguf_matmul_reference.mma_error_bound).  The MoE rounds
 SiLU(gate)*up and the top-k terms once more: relative Frobenius error within 8u there (the weights' 2-3 roundings,
@@ -10,6 +10,7 @@ the intermediate's, the output's).  A wrong permutation, scale or routing is off
 import pytest
 import torch
 
+from glm5_shim.kernels.gguf import traits
 from glm5_shim.kernels.device import device_figures
 
 pytestmark = pytest.mark.gpu
@@ -23,9 +24,9 @@ def _arrivals():
 
 
 def _mods():
-    from glm5_shim.kernels import gguf_matmul as gm
-    from glm5_shim.kernels import gguf_matmul_reference as ref
-    from glm5_shim.kernels import gguf_mma as mma
+    from glm5_shim.kernels.gguf import tiles as gm
+    from glm5_shim.kernels.gguf import reference as ref
+    from glm5_shim.kernels.gguf import register_mma as mma
     return gm, ref, mma
 
 
@@ -37,7 +38,7 @@ KERNEL_TYPES = ["Q4_K", "Q5_K", "Q6_K", "Q8_0", "IQ2_XXS", "IQ2_S", "IQ3_XXS", "
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_linear_within_bound(name, dtype):
     gm, ref, mma = _mods()
-    qtype = getattr(gm, name)
+    qtype = getattr(traits, name)
     g = torch.Generator().manual_seed(qtype + (dtype == torch.float16))
     sms = device_figures(0).sms
     for n, k, quantized in ((333, 1024, False), (2624, 6144, True)):   # the float64 bound is built on the host
@@ -65,7 +66,7 @@ def test_linear_within_bound(name, dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_moe_decode(types, dtype):
     gm, ref, mma = _mods()
-    q13, q2 = getattr(gm, types[0]), getattr(gm, types[1])
+    q13, q2 = getattr(traits, types[0]), getattr(traits, types[1])
     g = torch.Generator().manual_seed(q13 * 31 + q2)
     e, h, inter, top_k = 32, 1024, 256, 8
     w13 = torch.stack([ref.random_blocks(q13, 2 * inter, h, g) for _ in range(e)])
@@ -98,7 +99,7 @@ def test_wide_blocks_within_bound(name, dtype):
     sorted blocks (one expert group hot with 40 rows each: two 32-row blocks, the second partly filled; random
     routings), within the same bounds as 8-row programs."""
     gm, ref, mma = _mods()
-    qtype = getattr(gm, name)
+    qtype = getattr(traits, name)
     g = torch.Generator().manual_seed(7 * qtype + (dtype == torch.float16))
     sms = device_figures(0).sms
     n, k = 333, 1024
@@ -135,9 +136,9 @@ def test_cuda_graph_capture_and_replay(monkeypatch):
     monkeypatch.setenv("GLM5_SHIM_GGUF_DECODE", "mma")
     g = torch.Generator().manual_seed(7)
     e, h, inter, top_k, t = 16, 512, 256, 4, 6
-    w13 = torch.stack([ref.random_blocks(gm.Q4_K, 2 * inter, h, g) for _ in range(e)])
-    w2 = torch.stack([ref.random_blocks(gm.Q4_K, h, inter, g) for _ in range(e)])
-    wl = ref.random_blocks(gm.Q4_K, 200, h, g)
+    w13 = torch.stack([ref.random_blocks(traits.Q4_K, 2 * inter, h, g) for _ in range(e)])
+    w2 = torch.stack([ref.random_blocks(traits.Q4_K, h, inter, g) for _ in range(e)])
+    wl = ref.random_blocks(traits.Q4_K, 200, h, g)
     d13, d2, dl = w13.cuda(), w2.cuda(), wl.cuda()
     xs = torch.zeros(t, h, dtype=torch.bfloat16, device="cuda")
     idss = torch.zeros(t, top_k, dtype=torch.int32, device="cuda")
@@ -145,15 +146,15 @@ def test_cuda_graph_capture_and_replay(monkeypatch):
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        gm.gguf_moe(xs, d13, d2, wts, idss, gm.Q4_K, gm.Q4_K)
-        gm.gguf_moe(xs[:2], d13, d2, wts[:2], idss[:2], gm.Q4_K, gm.Q4_K)
-        gm.gguf_linear(xs, dl, gm.Q4_K)
+        gm.gguf_moe(xs, d13, d2, wts, idss, traits.Q4_K, traits.Q4_K)
+        gm.gguf_moe(xs[:2], d13, d2, wts[:2], idss[:2], traits.Q4_K, traits.Q4_K)
+        gm.gguf_linear(xs, dl, traits.Q4_K)
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):   # 6 tokens: sorted blocks; 2: routed pairs (its own counters' stream)
-        out_moe = gm.gguf_moe(xs, d13, d2, wts, idss, gm.Q4_K, gm.Q4_K)
-        out_two = gm.gguf_moe(xs[:2], d13, d2, wts[:2], idss[:2], gm.Q4_K, gm.Q4_K)
-        out_lin = gm.gguf_linear(xs, dl, gm.Q4_K)
+        out_moe = gm.gguf_moe(xs, d13, d2, wts, idss, traits.Q4_K, traits.Q4_K)
+        out_two = gm.gguf_moe(xs[:2], d13, d2, wts[:2], idss[:2], traits.Q4_K, traits.Q4_K)
+        out_lin = gm.gguf_linear(xs, dl, traits.Q4_K)
     for seed in (1, 2):
         g2 = torch.Generator().manual_seed(100 + seed)
         x2 = torch.randn(t, h, generator=g2).bfloat16()
@@ -162,11 +163,11 @@ def test_cuda_graph_capture_and_replay(monkeypatch):
         idss.copy_(ids2)
         graph.replay()
         torch.cuda.synchronize()
-        want = ref.moe_reference(x2, w13, w2, wts.cpu(), ids2, gm.Q4_K, gm.Q4_K)
+        want = ref.moe_reference(x2, w13, w2, wts.cpu(), ids2, traits.Q4_K, traits.Q4_K)
         assert ((out_moe.double().cpu() - want).norm() / want.norm()).item() <= 8 * U[torch.bfloat16]
-        want2 = ref.moe_reference(x2[:2], w13, w2, wts[:2].cpu(), ids2[:2], gm.Q4_K, gm.Q4_K)
+        want2 = ref.moe_reference(x2[:2], w13, w2, wts[:2].cpu(), ids2[:2], traits.Q4_K, traits.Q4_K)
         assert ((out_two.double().cpu() - want2).norm() / want2.norm()).item() <= 8 * U[torch.bfloat16]
-        want_l = x2.double() @ ref.dequantize(wl, gm.Q4_K, h).T
+        want_l = x2.double() @ ref.dequantize(wl, traits.Q4_K, h).T
         assert ((out_lin.double().cpu() - want_l).norm() / want_l.norm()).item() <= 4 * U[torch.bfloat16]
 
 
@@ -178,17 +179,17 @@ def test_compiles_under_a_post_compile_hook():
 
     gm, ref, mma = _mods()
     g = torch.Generator().manual_seed(12)
-    w = ref.random_blocks(gm.Q4_K, 96, 512, g)
+    w = ref.random_blocks(traits.Q4_K, 96, 512, g)
     x = torch.randn(3, 512, generator=g).to(torch.bfloat16)
     compiled = []
     previous = knobs.runtime.jit_post_compile_hook
     knobs.runtime.jit_post_compile_hook = lambda **kw: compiled.append(kw["fn"].name)
     try:   # a launch shape no other test uses: it compiles here
-        got = mma.linear(x.cuda(), w.cuda(), gm.Q4_K, 96, 7, tuning=dict(num_warps=2, reps=1, ctas_per_sm=1))
+        got = mma.linear(x.cuda(), w.cuda(), traits.Q4_K, 96, 7, tuning=dict(num_warps=2, reps=1, ctas_per_sm=1))
     finally:
         knobs.runtime.jit_post_compile_hook = previous
     assert "_mma_kernel" in compiled
-    want = ref.linear_reference(x, w, gm.Q4_K)
+    want = ref.linear_reference(x, w, traits.Q4_K)
     assert ((got.double().cpu() - want).norm() / want.norm()).item() <= 4 * U[torch.bfloat16]
 
 
@@ -213,7 +214,7 @@ def test_packed_weights_give_the_file_layouts_output(name, dtype):
     bit (the same arithmetic in the same order), from one super-block a row to K = 6144 and 1-8 rows, split or not,
     and within the float64 bound."""
     gm, ref, mma = _mods()
-    qtype = getattr(mma, name)
+    qtype = getattr(traits, name)
     g = torch.Generator().manual_seed(77 + qtype + (dtype == torch.float16))
     sms = device_figures(0).sms
     table = gm.grid_table(qtype, torch.device("cuda")) if qtype in mma.GRID_TYPES else None
@@ -239,7 +240,7 @@ def test_repacked_weights_on_every_serving_plan_give_the_file_layouts_output(nam
     dense shapes and experts with a w2 at K = 256 (packed rows grow: Q6_K to 224 bytes, IQ2_XXS 72, IQ2_S 88).  Each
     gives the file layout's output bit for bit (the same arithmetic: its float64 bound is the file layout's tests')."""
     gm, ref, mma = _mods()
-    qtype = getattr(mma, name)
+    qtype = getattr(traits, name)
     g = torch.Generator().manual_seed(91 + qtype + (dtype == torch.float16))
     sms = device_figures(0).sms
     table = gm.grid_table(qtype, torch.device("cuda")) if qtype in mma.GRID_TYPES else None
@@ -283,7 +284,7 @@ def test_loads_ahead_give_the_same_output(name):
     and a decode MoE on both routings (pairs with the w2 top-k sum split inside a slot; sorted blocks of 8), on the
     layout serving loads (gguf_mma.pack for PACKERS' types)."""
     gm, ref, mma = _mods()
-    qtype = getattr(gm, name)
+    qtype = getattr(traits, name)
     pk = qtype in mma.PACKERS
     g = torch.Generator().manual_seed(91 + qtype)
     sms = device_figures(0).sms

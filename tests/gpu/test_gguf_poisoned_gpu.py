@@ -5,6 +5,7 @@ steps send) at the per-rank shapes of a TP-8 GLM-5 layer, through the plans' own
 ``gguf`` package's dequantization; a relative Frobenius error within 8u (the bounds of test_gguf_mma_gpu.py) and
 no non-finite value."""
 import pytest
+from glm5_shim.kernels.gguf import traits
 import torch
 
 pytestmark = pytest.mark.gpu
@@ -26,8 +27,8 @@ def _poison():
 
 
 def _mods():
-    from glm5_shim.kernels import gguf_matmul as gm
-    from glm5_shim.kernels import gguf_matmul_reference as ref
+    from glm5_shim.kernels.gguf import tiles as gm
+    from glm5_shim.kernels.gguf import reference as ref
     return gm, ref
 
 
@@ -35,7 +36,7 @@ def _mods():
 def test_dense_decode_rows_write_every_output(shape):
     gm, ref = _mods()
     _, name, n, k = shape
-    qtype = getattr(gm, name)
+    qtype = getattr(traits, name)
     g = torch.Generator().manual_seed(n + k + qtype)
     w = ref.random_blocks(qtype, n, k, g)
     wd, w64 = w.cuda(), ref.dequantize(w, qtype, k)
@@ -52,7 +53,7 @@ def test_dense_decode_rows_write_every_output(shape):
 @pytest.mark.parametrize("types", [("IQ2_XXS", "IQ2_S"), ("Q4_K", "Q6_K"), ("Q8_0", "Q8_0")])
 def test_moe_decode_tokens_write_every_output(types):
     gm, ref = _mods()
-    q13, q2 = getattr(gm, types[0]), getattr(gm, types[1])
+    q13, q2 = getattr(traits, types[0]), getattr(traits, types[1])
     g = torch.Generator().manual_seed(q13 * 7 + q2)
     e, h, inter, top_k = 64, 6144, 256, 8   # a TP-8 rank's expert shapes, fewer experts (host memory for float64)
     w13 = torch.stack([ref.random_blocks(q13, 2 * inter, h, g) for _ in range(e)])

@@ -11,8 +11,9 @@ import re
 import numpy as np
 import pytest
 
-from glm5_shim.kernels import gguf_matmul as gm
-from glm5_shim.kernels import gguf_mma
+from glm5_shim.kernels.gguf import traits
+from glm5_shim.kernels.gguf import tiles as gm
+from glm5_shim.kernels.gguf import register_mma as gguf_mma
 
 
 def _prmt(a, b, sel):
@@ -176,7 +177,7 @@ def _pair16(bits):
     return bits | (bits << np.uint32(16))
 
 
-@pytest.mark.parametrize("qtype", [gguf_mma.IQ2_XXS, gguf_mma.IQ2_S], ids=["IQ2_XXS", "IQ2_S"])
+@pytest.mark.parametrize("qtype", [traits.IQ2_XXS, traits.IQ2_S], ids=["IQ2_XXS", "IQ2_S"])
 @pytest.mark.parametrize("fp16", [False, True], ids=["bf16", "fp16"])
 def test_iq2_decode_ptx_gives_each_weight_rounded_once_with_its_sign(qtype, fp16):
     """The IQ2 decode PTX on random grid magnitudes (every byte the grids use, and any byte below 128), sign
@@ -192,7 +193,7 @@ def test_iq2_decode_ptx_gives_each_weight_rounded_once_with_its_sign(qtype, fp16
     nibbles = rng.integers(0, 16, size=(2, n)).astype(np.uint32)
     dt = np.float16 if fp16 else np.float32
     scales = []
-    for _ in range(2 if qtype == gguf_mma.IQ2_S else 1):
+    for _ in range(2 if qtype == traits.IQ2_S else 1):
         s = (10.0 ** rng.uniform(-5, 1, n)).astype(dt)
         s_bits = s.view(np.uint16).astype(np.uint32) if fp16 else s.view(np.uint32) >> np.uint32(16)
         scales.append(s_bits)
@@ -221,7 +222,7 @@ def test_iq2_decode_ptx_gives_each_weight_rounded_once_with_its_sign(qtype, fp16
 
 def test_the_iq2_check_can_fail():
     """A wrong magic byte (the folded FMA then subtracts the wrong offset) changes the outputs."""
-    good = gguf_mma._decode_asm(gguf_mma.IQ2_XXS, False)
+    good = gguf_mma._decode_asm(traits.IQ2_XXS, False)
     bad = good.replace("0x43434343", "0x42424242")
     assert bad != good
     word = np.arange(64, dtype=np.uint32) * np.uint32(0x01010101)

@@ -21,7 +21,7 @@ _SCRIPT = textwrap.dedent(
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
-    from glm5_shim.kernels import gguf_matmul as gm, gguf_mma
+    from glm5_shim.kernels.gguf import register_mma as gguf_mma, tiles as gm
 
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     cc = int(sys.argv[1])

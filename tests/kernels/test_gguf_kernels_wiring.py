@@ -6,8 +6,9 @@ import gguf
 import pytest
 import torch
 
-from glm5_shim.kernels import gguf_matmul as gm
-from glm5_shim.kernels import gguf_matmul_reference as ref
+from glm5_shim.kernels.gguf import traits
+from glm5_shim.kernels.gguf import tiles as gm
+from glm5_shim.kernels.gguf import reference as ref
 from tests.helpers import shim_in_this_process
 
 _TARGET = "vllm.model_executor.layers.quantization.gguf"
@@ -62,36 +63,36 @@ def test_a_merged_linear_of_two_types_runs_on_the_shim_kernels(patched, monkeypa
     """q_a (Q4_K) + kv_a (Q6_K) as vLLM pads them: vLLM's apply, patched, gives [x q_a^T | x kv_a^T]."""
     method = patched.GGUFLinearMethod(patched.GGUFConfig())
     g = torch.Generator().manual_seed(1)
-    a = ref.random_blocks(gm.Q4_K, 48, 512, g)
-    b = ref.random_blocks(gm.Q6_K, 40, 512, g)
-    layer = _merged_layer([(a, gm.Q4_K), (b, gm.Q6_K)], method)
+    a = ref.random_blocks(traits.Q4_K, 48, 512, g)
+    b = ref.random_blocks(traits.Q6_K, 40, 512, g)
+    layer = _merged_layer([(a, traits.Q4_K), (b, traits.Q6_K)], method)
     calls = []
     original = gm.gguf_linear
     monkeypatch.setattr(gm, "gguf_linear", lambda *args, **kw: calls.append(args[2]) or original(*args, **kw))
     x = torch.randn(9, 512, generator=g)  # above vLLM's vector-kernel rows: the shim's kernel
     got = method.apply(layer, x)
-    want = torch.cat([ref.linear_reference(x, a, gm.Q4_K), ref.linear_reference(x, b, gm.Q6_K)], dim=1)
-    assert calls == [gm.Q4_K, gm.Q6_K]
+    want = torch.cat([ref.linear_reference(x, a, traits.Q4_K), ref.linear_reference(x, b, traits.Q6_K)], dim=1)
+    assert calls == [traits.Q4_K, traits.Q6_K]
     assert got.shape == (9, 88) and ((got.double() - want).norm() / want.norm()).item() < 1e-5
 
 
 def test_one_type_shards_run_as_one_launch(patched, monkeypatch):
     method = patched.GGUFLinearMethod(patched.GGUFConfig())
     g = torch.Generator().manual_seed(2)
-    gate, up = ref.random_blocks(gm.Q8_0, 32, 256, g), ref.random_blocks(gm.Q8_0, 32, 256, g)
-    layer = _merged_layer([(gate, gm.Q8_0), (up, gm.Q8_0)], method)
+    gate, up = ref.random_blocks(traits.Q8_0, 32, 256, g), ref.random_blocks(traits.Q8_0, 32, 256, g)
+    layer = _merged_layer([(gate, traits.Q8_0), (up, traits.Q8_0)], method)
     calls = []
     original = gm.gguf_linear
     monkeypatch.setattr(gm, "gguf_linear", lambda *args, **kw: calls.append(args[1].shape[0]) or original(*args, **kw))
     x = torch.randn(7, 256, generator=g)
     got = method.apply(layer, x)
-    want = torch.cat([ref.linear_reference(x, gate, gm.Q8_0), ref.linear_reference(x, up, gm.Q8_0)], dim=1)
+    want = torch.cat([ref.linear_reference(x, gate, traits.Q8_0), ref.linear_reference(x, up, traits.Q8_0)], dim=1)
     assert calls == [64] and ((got.double() - want).norm() / want.norm()).item() < 1e-5
 
 
 def test_few_rows_and_uncovered_types_reach_vllms_kernels(patched, monkeypatch):
     """One row (in fp16) goes to vLLM's vector kernel, with exact rows cut from a padded shard (two rows do not:
-    kernel_coverage.VLLM_LINEAR_MAX_ROWS); a type without a shim kernel and a K that is not whole super-blocks go to
+    routing.VLLM_LINEAR_MAX_ROWS); a type without a shim kernel and a K that is not whole super-blocks go to
     vLLM's op untouched."""
     seen = []
     monkeypatch.setattr(patched, "_fused_mul_mat_gguf",
@@ -102,17 +103,17 @@ def test_few_rows_and_uncovered_types_reach_vllms_kernels(patched, monkeypatch):
     monkeypatch.setattr(gguf_ops, "_vllm_vector_kernel_trusted", lambda x: x.dtype == torch.float16)
     g = torch.Generator().manual_seed(3)
     padded = torch.zeros(8, 300, dtype=torch.uint8)
-    padded[:, :288] = ref.random_blocks(gm.Q4_K, 8, 512, g)
-    gguf_ops._linear_op(torch.randn(1, 512).half(), padded, gm.Q4_K, 8)
-    assert seen == [(1, (8, 288), gm.Q4_K)]
-    got = gguf_ops._linear_op(torch.randn(2, 512).half(), padded, gm.Q4_K, 8)
+    padded[:, :288] = ref.random_blocks(traits.Q4_K, 8, 512, g)
+    gguf_ops._linear_op(torch.randn(1, 512).half(), padded, traits.Q4_K, 8)
+    assert seen == [(1, (8, 288), traits.Q4_K)]
+    got = gguf_ops._linear_op(torch.randn(2, 512).half(), padded, traits.Q4_K, 8)
     assert len(seen) == 1 and got.shape == (2, 8)
     fallback = []
     drop_in = gguf_ops.make_fused_mul_mat(lambda x, w, t: fallback.append(t) or "vllm")
     tq1 = int(gguf.GGMLQuantizationType.TQ1_0)  # a type the shim has no kernel for
     assert drop_in(torch.randn(9, 512), torch.zeros(4, 108, dtype=torch.uint8), tq1) == "vllm"
-    assert drop_in(torch.randn(9, 320), torch.zeros(4, 340, dtype=torch.uint8), gm.Q8_0) == "vllm"
-    assert fallback == [tq1, gm.Q8_0]
+    assert drop_in(torch.randn(9, 320), torch.zeros(4, 340, dtype=torch.uint8), traits.Q8_0) == "vllm"
+    assert fallback == [tq1, traits.Q8_0]
 
 
 def test_register_mma_decode_takes_the_rows_vllms_vector_kernel_may_not(patched, monkeypatch):
@@ -121,7 +122,7 @@ def test_register_mma_decode_takes_the_rows_vllms_vector_kernel_may_not(patched,
     capability 10) runs on the register-MMA kernel, reading the shard in place; at 2 rows the register-MMA kernel
     runs even where vLLM's is trusted (vLLM's time grows with each row); a Q8_0 linear at 7 rows stays on the tile
     kernel (its register-MMA dense decode measured no faster), and GLM5_SHIM_GGUF_DECODE=tile keeps Q4_K there."""
-    from glm5_shim.kernels import gguf_mma
+    from glm5_shim.kernels.gguf import register_mma as gguf_mma
     from glm5_shim.matmul import gguf_ops
 
     seen, launched = [], []
@@ -131,69 +132,69 @@ def test_register_mma_decode_takes_the_rows_vllms_vector_kernel_may_not(patched,
     monkeypatch.setattr(gguf_mma, "launch", lambda *a, **kw: (launched.append(a[1].shape), real(*a, **kw))[1])
     monkeypatch.delenv("GLM5_SHIM_GGUF_DECODE", raising=False)
     g = torch.Generator().manual_seed(8)
-    w = ref.random_blocks(gm.Q4_K, 8, 512, g)
+    w = ref.random_blocks(traits.Q4_K, 8, 512, g)
     padded = torch.zeros(8, 304, dtype=torch.uint8)
     padded[:, :288] = w
     x = torch.randn(1, 512, generator=g).half()
     monkeypatch.setattr(gguf_ops, "_vllm_vector_kernel_trusted", lambda x: True)
-    gguf_ops._linear_op(x, padded, gm.Q4_K, 8)
-    assert seen == [gm.Q4_K] and not launched
+    gguf_ops._linear_op(x, padded, traits.Q4_K, 8)
+    assert seen == [traits.Q4_K] and not launched
     monkeypatch.setattr(gguf_ops, "_vllm_vector_kernel_trusted", lambda x: False)
-    got = gguf_ops._linear_op(x, padded, gm.Q4_K, 8)
-    assert launched == [(8, 304)] and seen == [gm.Q4_K]
-    want = ref.linear_reference(x, w, gm.Q4_K)
+    got = gguf_ops._linear_op(x, padded, traits.Q4_K, 8)
+    assert launched == [(8, 304)] and seen == [traits.Q4_K]
+    want = ref.linear_reference(x, w, traits.Q4_K)
     assert ((got.double() - want).norm() / want.norm()).item() < 3e-3
     monkeypatch.setattr(gguf_ops, "_vllm_vector_kernel_trusted", lambda x: True)
     x2 = torch.randn(2, 512, generator=g).half()
-    got2 = gguf_ops._linear_op(x2, padded, gm.Q4_K, 8)
-    assert launched == [(8, 304)] * 2 and seen == [gm.Q4_K]
-    want2 = ref.linear_reference(x2, w, gm.Q4_K)
+    got2 = gguf_ops._linear_op(x2, padded, traits.Q4_K, 8)
+    assert launched == [(8, 304)] * 2 and seen == [traits.Q4_K]
+    want2 = ref.linear_reference(x2, w, traits.Q4_K)
     assert ((got2.double() - want2).norm() / want2.norm()).item() < 3e-3
-    w8 = ref.random_blocks(gm.Q8_0, 8, 512, g)
+    w8 = ref.random_blocks(traits.Q8_0, 8, 512, g)
     x7 = torch.randn(7, 512, generator=g).half()
-    got8 = gguf_ops._linear_op(x7, w8, gm.Q8_0, 8)
+    got8 = gguf_ops._linear_op(x7, w8, traits.Q8_0, 8)
     assert launched == [(8, 304)] * 2
-    want8 = ref.linear_reference(x7, w8, gm.Q8_0)
+    want8 = ref.linear_reference(x7, w8, traits.Q8_0)
     assert ((got8.double() - want8).norm() / want8.norm()).item() < 3e-3
     monkeypatch.setenv("GLM5_SHIM_GGUF_DECODE", "tile")
     monkeypatch.setattr(gguf_ops, "_vllm_vector_kernel_trusted", lambda x: False)
-    gguf_ops._linear_op(x, padded, gm.Q4_K, 8)
-    assert launched == [(8, 304)] * 2 and seen == [gm.Q4_K]
+    gguf_ops._linear_op(x, padded, traits.Q4_K, 8)
+    assert launched == [(8, 304)] * 2 and seen == [traits.Q4_K]
 
 
 def test_vllms_moe_method_runs_on_the_shim_kernels(patched):
     """fused_moe_gguf as GGUFMoEMethod.apply calls it (the patched module global), against float64."""
     g = torch.Generator().manual_seed(4)
     e, h, inter, t, top_k = 4, 256, 256, 3, 2
-    w13 = torch.stack([ref.random_blocks(gm.Q4_K, 2 * inter, h, g) for _ in range(e)])
-    w2 = torch.stack([ref.random_blocks(gm.Q6_K, h, inter, g) for _ in range(e)])
+    w13 = torch.stack([ref.random_blocks(traits.Q4_K, 2 * inter, h, g) for _ in range(e)])
+    w2 = torch.stack([ref.random_blocks(traits.Q6_K, h, inter, g) for _ in range(e)])
     x = torch.randn(t, h, generator=g)
     ids = torch.tensor([[0, 2], [1, 3], [2, 0]], dtype=torch.int32)
     wts = torch.rand(t, top_k, generator=g)
     from glm5_shim.matmul import gguf_ops
 
     gguf_ops.register_ops()
-    from glm5_shim.kernels.gguf_matmul import gguf_moe
+    from glm5_shim.kernels.gguf.tiles import gguf_moe
 
     # the op itself uses vLLM's CUDA moe_align_block_size; on the CPU the drop-in's op is replaced by the kernel
     # entry point with the shim's torch alignment, which is what the op does apart from that choice
     original_op = torch.ops.vllm.glm5_gguf_moe
     try:
         torch.ops.vllm.glm5_gguf_moe = lambda *a: gguf_moe(*a)
-        got = patched.fused_moe_gguf(x, w13, w2, wts, ids, gm.Q4_K, gm.Q6_K, "silu")
+        got = patched.fused_moe_gguf(x, w13, w2, wts, ids, traits.Q4_K, traits.Q6_K, "silu")
     finally:
         torch.ops.vllm.glm5_gguf_moe = original_op
-    want = ref.moe_reference(x, w13, w2, wts, ids, gm.Q4_K, gm.Q6_K)
+    want = ref.moe_reference(x, w13, w2, wts, ids, traits.Q4_K, traits.Q6_K)
     assert ((got.double() - want).norm() / want.norm()).item() < 1e-5
 
 
 def test_iq_moe_decode_goes_to_vllm_where_it_was_faster_and_trusted(patched, monkeypatch):
     """An IQ2_XS MoE of up to 32 tokens goes to vLLM's vector MoE kernel where vLLM's kernels are trusted with the
-    activations (kernel_coverage.VLLM_MOE_DECODE_TOKENS); 33 tokens, bf16 where vLLM is refused it, a K-quant, or
+    activations (routing.VLLM_MOE_DECODE_TOKENS); 33 tokens, bf16 where vLLM is refused it, a K-quant, or
     IQ2_XXS, IQ2_S and IQ3_XXS (on the register-MMA kernel, faster than vLLM's: the UD-IQ2_M mix stays on the shim at
     every T) go to the shim's kernels; a register-MMA w13 with a vLLM-faster w2 goes to vLLM at 1 token only
     (MIXED_...)."""
-    from glm5_shim.gguf.kernel_coverage import VLLM_MOE_DECODE_TOKENS
+    from glm5_shim.kernels.gguf.routing import VLLM_MOE_DECODE_TOKENS
     from glm5_shim.matmul import gguf_ops
 
     iq2s = int(gguf.GGMLQuantizationType.IQ2_S)
@@ -208,7 +209,7 @@ def test_iq_moe_decode_goes_to_vllm_where_it_was_faster_and_trusted(patched, mon
     w = torch.zeros(1, 1, dtype=torch.uint8)
     ids, wts = torch.zeros(33, 8, dtype=torch.int32), torch.zeros(33, 8)
     monkeypatch.setattr(gguf_ops, "_vllm_vector_kernel_trusted", lambda x: True)
-    for t, q13, q2 in ((32, iq2xs, iq2xs), (33, iq2xs, iq2xs), (1, gm.Q4_K, gm.Q4_K), (2, iq2xxs, iq2xxs),
+    for t, q13, q2 in ((32, iq2xs, iq2xs), (33, iq2xs, iq2xs), (1, traits.Q4_K, traits.Q4_K), (2, iq2xxs, iq2xxs),
                        (1, iq2s, iq2s), (1, iq2xxs, iq2s), (2, iq2xxs, iq2s), (1, iq2xxs, iq2xs), (2, iq2xxs, iq2xs),
                        (1, iq3xxs, iq3xxs)):
         gguf_ops._moe_op(torch.zeros(t, 256), w, w, wts[:t], ids[:t], q13, q2)
@@ -222,7 +223,7 @@ def test_iq_moe_decode_goes_to_vllm_where_it_was_faster_and_trusted(patched, mon
 
 def test_iq3_s_never_reaches_vllms_kernels(patched, monkeypatch):
     """A 1-row IQ3_S linear, where vLLM's vector kernel is trusted and would take a 1-row Q4_K, runs on the shim's
-    kernel: vLLM 0.23 reads IQ3_S's top grid level as 15.5 (kernel_coverage.VLLM_MISDECODED_TYPES)."""
+    kernel: vLLM 0.23 reads IQ3_S's top grid level as 15.5 (routing.VLLM_MISDECODED_TYPES)."""
     from glm5_shim.matmul import gguf_ops
 
     seen = []
@@ -234,8 +235,8 @@ def test_iq3_s_never_reaches_vllms_kernels(patched, monkeypatch):
     w = ref.random_blocks(iq3s, 8, 256, g)
     x = torch.randn(1, 256, generator=g).half()
     got = gguf_ops._linear_op(x, w, iq3s, 8)
-    gguf_ops._linear_op(x, ref.random_blocks(gm.Q4_K, 8, 256, g), gm.Q4_K, 8)
-    assert seen == [gm.Q4_K]
+    gguf_ops._linear_op(x, ref.random_blocks(traits.Q4_K, 8, 256, g), traits.Q4_K, 8)
+    assert seen == [traits.Q4_K]
     want = ref.linear_reference(x, w, iq3s)
     assert ((got.double() - want).norm() / want.norm()).item() < 3e-3
 
@@ -276,32 +277,32 @@ def test_repacked_weights_run_packed_and_give_the_file_layouts_outputs(patched, 
     pass repacks nothing; packing is off with GLM5_SHIM_GGUF_PACK=0 or vLLM's kernels."""
     from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
-    from glm5_shim.gguf.kernel_coverage import is_packed, packed_type
-    from glm5_shim.kernels import gguf_mma
+    from glm5_shim.kernels.gguf.routing import is_packed, packed_type
+    from glm5_shim.kernels.gguf import register_mma as gguf_mma
     from glm5_shim.loading import gguf_repack
 
     g = torch.Generator().manual_seed(17)
     method = patched.GGUFLinearMethod(patched.GGUFConfig())
-    a = ref.quantized_blocks(gm.Q8_0, torch.randn(48, 2048, generator=g) * 0.02)
-    b = ref.quantized_blocks(gm.Q6_K, torch.randn(40, 2048, generator=g) * 0.02)
-    c = ref.quantized_blocks(gm.Q6_K, torch.randn(24, 256, generator=g) * 0.02)
-    d = ref.random_blocks(gm.Q4_K, 16, 256, g)
-    f = ref.random_blocks(gm.IQ2_XXS, 16, 256, g)
-    e13 = torch.stack([ref.quantized_blocks(gm.Q8_0, torch.randn(512, 256, generator=g) * 0.02) for _ in range(4)])
-    e2 = torch.stack([ref.quantized_blocks(gm.Q6_K, torch.randn(256, 256, generator=g) * 0.02) for _ in range(4)])
+    a = ref.quantized_blocks(traits.Q8_0, torch.randn(48, 2048, generator=g) * 0.02)
+    b = ref.quantized_blocks(traits.Q6_K, torch.randn(40, 2048, generator=g) * 0.02)
+    c = ref.quantized_blocks(traits.Q6_K, torch.randn(24, 256, generator=g) * 0.02)
+    d = ref.random_blocks(traits.Q4_K, 16, 256, g)
+    f = ref.random_blocks(traits.IQ2_XXS, 16, 256, g)
+    e13 = torch.stack([ref.quantized_blocks(traits.Q8_0, torch.randn(512, 256, generator=g) * 0.02) for _ in range(4)])
+    e2 = torch.stack([ref.quantized_blocks(traits.Q6_K, torch.randn(256, 256, generator=g) * 0.02) for _ in range(4)])
     moe_method = patched.GGUFMoEMethod.__new__(patched.GGUFMoEMethod)
 
     def build():
         root = torch.nn.Module()
-        root.merged = _merged_layer([(a, gm.Q8_0), (b, gm.Q6_K)], method)
-        root.single = _single_linear(c, gm.Q6_K)
-        root.q4k = _single_linear(d, gm.Q4_K)
-        root.iq2 = _single_linear(f, gm.IQ2_XXS)
-        root.embed = _single_linear(c, gm.Q6_K, VocabParallelEmbedding)
+        root.merged = _merged_layer([(a, traits.Q8_0), (b, traits.Q6_K)], method)
+        root.single = _single_linear(c, traits.Q6_K)
+        root.q4k = _single_linear(d, traits.Q4_K)
+        root.iq2 = _single_linear(f, traits.IQ2_XXS)
+        root.embed = _single_linear(c, traits.Q6_K, VocabParallelEmbedding)
         for name in ("merged", "single", "q4k", "iq2", "embed"):
             getattr(root, name).quant_method = patched.GGUFEmbeddingMethod(patched.GGUFConfig()) \
                 if name == "embed" else method
-        root.experts = _experts(e13, gm.Q8_0, e2, gm.Q6_K, moe_method)
+        root.experts = _experts(e13, traits.Q8_0, e2, traits.Q6_K, moe_method)
         return root
 
     assert gguf_repack.packing_enabled()
@@ -310,18 +311,20 @@ def test_repacked_weights_run_packed_and_give_the_file_layouts_outputs(patched, 
     assert tally.tensors == 6 and tally.by_type == {"Q8_0": 2, "Q6_K": 3, "IQ2_XXS": 1}, tally
     assert "repacked 6 GGUF weights" in tally.summary()
     types = packed.merged.qweight_type.shard_weight_type
-    assert types == {0: packed_type(gm.Q8_0), 1: packed_type(gm.Q6_K)}
-    assert torch.equal(packed.merged.qweight[:48], gguf_mma.pack(a, gm.Q8_0))
-    assert torch.equal(packed.merged.qweight[48:, :1680], gguf_mma.pack(b, gm.Q6_K))
-    assert packed.single.qweight.shape == (24, 224) and torch.equal(packed.single.qweight, gguf_mma.pack(c, gm.Q6_K))
+    assert types == {0: packed_type(traits.Q8_0), 1: packed_type(traits.Q6_K)}
+    assert torch.equal(packed.merged.qweight[:48], gguf_mma.pack(a, traits.Q8_0))
+    assert torch.equal(packed.merged.qweight[48:, :1680], gguf_mma.pack(b, traits.Q6_K))
+    assert packed.single.qweight.shape == (24, 224)
+    assert torch.equal(packed.single.qweight, gguf_mma.pack(c, traits.Q6_K))
     assert is_packed(packed.single.qweight_type.weight_type)
-    assert torch.equal(packed.iq2.qweight, gguf_mma.pack(f, gm.IQ2_XXS)) and packed.iq2.qweight.shape[1] > f.shape[1]
-    assert packed.iq2.qweight_type.weight_type == packed_type(gm.IQ2_XXS)
+    assert torch.equal(packed.iq2.qweight, gguf_mma.pack(f, traits.IQ2_XXS))
+    assert packed.iq2.qweight.shape[1] > f.shape[1]
+    assert packed.iq2.qweight_type.weight_type == packed_type(traits.IQ2_XXS)
     for untouched in ("q4k", "embed"):
         assert torch.equal(getattr(packed, untouched).qweight, getattr(file_, untouched).qweight)
         assert not is_packed(getattr(packed, untouched).qweight_type.weight_type)
-    assert torch.equal(packed.experts.w2_qweight, gguf_mma.pack(e2, gm.Q6_K))
-    assert packed.experts.w13_qweight_type.weight_type == packed_type(gm.Q8_0)
+    assert torch.equal(packed.experts.w2_qweight, gguf_mma.pack(e2, traits.Q6_K))
+    assert packed.experts.w13_qweight_type.weight_type == packed_type(traits.Q8_0)
     # vLLM's methods, patched, on both: 9 rows (the tile kernels), 3 rows (register MMA), 130 (dequantized)
     for rows in (9, 3, 130):
         x = torch.randn(rows, 2048, generator=g).half()
@@ -339,7 +342,7 @@ def test_repacked_weights_run_packed_and_give_the_file_layouts_outputs(patched, 
         wts = torch.rand(t, 2, generator=g)
         got = gguf_ops._moe_op(x, packed.experts.w13_qweight, packed.experts.w2_qweight, wts, ids,
                                packed.experts.w13_qweight_type.weight_type, packed.experts.w2_qweight_type.weight_type)
-        want = gguf_ops._moe_op(x, e13, e2, wts, ids, gm.Q8_0, gm.Q6_K)
+        want = gguf_ops._moe_op(x, e13, e2, wts, ids, traits.Q8_0, traits.Q6_K)
         assert torch.equal(got, want), t
     # vLLM's kernels are never handed a packed weight: float32 activations there are refused in one line
     with pytest.raises(RuntimeError, match="repacked at load"):

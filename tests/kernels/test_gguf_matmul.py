@@ -8,8 +8,9 @@ import gguf
 import pytest
 import torch
 
-from glm5_shim.kernels import gguf_matmul as gm
-from glm5_shim.kernels import gguf_matmul_reference as ref
+from glm5_shim.kernels.gguf import traits
+from glm5_shim.kernels.gguf import tiles as gm
+from glm5_shim.kernels.gguf import reference as ref
 
 
 TYPES = {gguf.GGMLQuantizationType(t).name: t for t in gm.SUPPORTED_TYPES}  # every type the kernels read
@@ -39,17 +40,17 @@ def test_linear_plans_split_decode_and_dequantize_prefill():
     """Decode splits K to fill the GPU, prefill above DENSE_DEQUANT_MIN_M rows dequantizes for a plain matmul;
     both give the same product."""
     g = torch.Generator().manual_seed(2)
-    w = ref.random_blocks(gm.Q4_K, 70, 1024, g)
-    w64 = ref.dequantize(w, gm.Q4_K, 1024)
+    w = ref.random_blocks(traits.Q4_K, 70, 1024, g)
+    w64 = ref.dequantize(w, traits.Q4_K, 1024)
     decode = gm.linear_plan(3, 70, 1024, num_sms=16)
     assert not decode["dequant"] and decode["split"] > 1
     assert decode["split"] * decode["steps_per_split"] >= 1024 // gm.STEP_K
     m = gm.DENSE_DEQUANT_MIN_M + 1
     assert gm.linear_plan(m, 70, 1024, num_sms=16)["dequant"]
     x = torch.randn(m, 1024, generator=g)
-    assert _rel(gm.gguf_linear(x, w, gm.Q4_K), x.double() @ w64.T) <= TOL[torch.float32]
+    assert _rel(gm.gguf_linear(x, w, traits.Q4_K), x.double() @ w64.T) <= TOL[torch.float32]
     x = x[:3]
-    assert _rel(gm.gguf_linear(x, w, gm.Q4_K, plan=decode), x.double() @ w64.T) <= TOL[torch.float32]
+    assert _rel(gm.gguf_linear(x, w, traits.Q4_K, plan=decode), x.double() @ w64.T) <= TOL[torch.float32]
 
 
 @pytest.mark.parametrize("tuning", [{"BLOCK_M": 16}, {"BLOCK_M": 32, "self_reduce": True},
@@ -60,13 +61,13 @@ def test_row_tiles_past_16_rows_sum_their_splits_either_way(tuning):
     from glm5_shim.kernels import arrivals
 
     g = torch.Generator().manual_seed(9)
-    w = ref.random_blocks(gm.Q4_K, 70, 1024, g)
+    w = ref.random_blocks(traits.Q4_K, 70, 1024, g)
     x = torch.randn(40, 1024, generator=g).half()
     plan = gm.linear_plan(40, 70, 1024, num_sms=16, tuning=tuning)
     assert plan["BLOCK_M"] == tuning["BLOCK_M"] and plan["split"] > 1
     assert plan["self_reduce"] == tuning.get("self_reduce", True)
-    got = gm.gguf_linear(x, w, gm.Q4_K, plan=plan)
-    assert _rel(got, x.double() @ ref.dequantize(w, gm.Q4_K, 1024).T) <= TOL[torch.float16]
+    got = gm.gguf_linear(x, w, traits.Q4_K, plan=plan)
+    assert _rel(got, x.double() @ ref.dequantize(w, traits.Q4_K, 1024).T) <= TOL[torch.float16]
     assert not arrivals.counters(x.device).any()
     # the plans: 17-32 rows in self-summing 32-row tiles, 33-64 in one 64-row tile and a sum launch
     assert all(gm.linear_plan(m, 70, 1024, num_sms=16)["BLOCK_M"] == 32 for m in (17, 32))
@@ -105,7 +106,7 @@ def test_tile_tunings_reach_the_plans_on_mma_sync_targets_only():
     assert {cap: gm.mma_sync_target(cap) for cap in targets} == targets
     tuned_somewhere = False
     for cap, mma_sync in targets.items():
-        for q13, q2 in ((gm.Q4_K, gm.Q6_K), (gm.Q6_K, gm.Q4_K), (gm.Q8_0, gm.IQ2_XXS)):
+        for q13, q2 in ((traits.Q4_K, traits.Q6_K), (traits.Q6_K, traits.Q4_K), (traits.Q8_0, traits.IQ2_XXS)):
             want13, want2 = gm.prefill_pass_tuning(q13, True, cap), gm.prefill_pass_tuning(q2, False, cap)
             tuned_somewhere |= bool(want13 or want2)
             assert mma_sync or not (want13 or want2), cap
@@ -117,29 +118,29 @@ def test_tile_tunings_reach_the_plans_on_mma_sync_targets_only():
             linear = gm.linear_plan(40, 70, 1024, 16, qtype=q13, capability=cap)
             assert linear["SWAP"] == gm.linear_tile_tuning(q13, cap).get("SWAP", False), (cap, q13)
             assert not gm.linear_plan(40, 70, 1024, 16, {"SWAP": False}, qtype=q13, capability=cap)["SWAP"]
-        assert gm.linear_plan(40, 70, 1024, 16, qtype=gm.Q4_K, capability=cap)["SWAP"] == mma_sync, cap
+        assert gm.linear_plan(40, 70, 1024, 16, qtype=traits.Q4_K, capability=cap)["SWAP"] == mma_sync, cap
     assert tuned_somewhere
     # the plan gguf_moe serves on the interpreter's tensors (float32: the prefill tiles): tuned as an mma.sync target
     g = torch.Generator().manual_seed(3)
     e, h, inter = 8, 256, 256
-    w13 = ref.random_blocks(gm.Q4_K, e * 2 * inter, h, g).view(e, 2 * inter, -1)
-    w2 = ref.random_blocks(gm.Q6_K, e * h, inter, g).view(e, h, -1)
-    plan = gm.chosen_moe_plan(512, 8, torch.float32, w13, w2, gm.Q4_K, gm.Q6_K)
+    w13 = ref.random_blocks(traits.Q4_K, e * 2 * inter, h, g).view(e, 2 * inter, -1)
+    w2 = ref.random_blocks(traits.Q6_K, e * h, inter, g).view(e, h, -1)
+    plan = gm.chosen_moe_plan(512, 8, torch.float32, w13, w2, traits.Q4_K, traits.Q6_K)
     assert plan["fused_gate"] and not plan.get("dequant")
-    assert (plan["w13"], plan["w2"]) == (gm.prefill_pass_tuning(gm.Q4_K, True, None),
-                                         gm.prefill_pass_tuning(gm.Q6_K, False, None))
+    assert (plan["w13"], plan["w2"]) == (gm.prefill_pass_tuning(traits.Q4_K, True, None),
+                                         gm.prefill_pass_tuning(traits.Q6_K, False, None))
 
 
 def test_linear_reads_a_row_view_of_a_padded_merged_weight():
     g = torch.Generator().manual_seed(4)
-    a = ref.random_blocks(gm.Q4_K, 24, 512, g)
-    b = ref.random_blocks(gm.Q6_K, 16, 512, g)
+    a = ref.random_blocks(traits.Q4_K, 24, 512, g)
+    b = ref.random_blocks(traits.Q6_K, 16, 512, g)
     padded = torch.zeros(40, b.shape[1], dtype=torch.uint8)
     padded[:24, : a.shape[1]] = a
     padded[24:] = b
     x = torch.randn(3, 512, generator=g)
-    assert _rel(gm.gguf_linear(x, padded[:24], gm.Q4_K), ref.linear_reference(x, a, gm.Q4_K)) <= 1e-5
-    assert _rel(gm.gguf_linear(x, padded[24:], gm.Q6_K), ref.linear_reference(x, b, gm.Q6_K)) <= 1e-5
+    assert _rel(gm.gguf_linear(x, padded[:24], traits.Q4_K), ref.linear_reference(x, a, traits.Q4_K)) <= 1e-5
+    assert _rel(gm.gguf_linear(x, padded[24:], traits.Q6_K), ref.linear_reference(x, b, traits.Q6_K)) <= 1e-5
 
 
 def test_bad_weights_are_refused_in_one_line():
@@ -147,11 +148,11 @@ def test_bad_weights_are_refused_in_one_line():
     with pytest.raises(ValueError, match="GGUF type 9 has no shim kernel"):  # Q8_1: llama.cpp's activation type
         gm.gguf_linear(x, torch.zeros(4, 576, dtype=torch.uint8), 9)
     with pytest.raises(ValueError, match="expected 288 contiguous bytes"):
-        gm.gguf_linear(x, torch.zeros(4, 200, dtype=torch.uint8), gm.Q4_K)
+        gm.gguf_linear(x, torch.zeros(4, 200, dtype=torch.uint8), traits.Q4_K)
     with pytest.raises(ValueError, match="expected 2-byte aligned rows"):
-        gm.gguf_linear(x, torch.zeros(4 * 288 + 1, dtype=torch.uint8)[1:].view(4, 288), gm.Q4_K)
+        gm.gguf_linear(x, torch.zeros(4 * 288 + 1, dtype=torch.uint8)[1:].view(4, 288), traits.Q4_K)
     with pytest.raises(ValueError, match="K=320 is not a multiple of 256"):
-        gm.gguf_linear(torch.randn(2, 320), torch.zeros(4, 360, dtype=torch.uint8), gm.Q8_0)
+        gm.gguf_linear(torch.randn(2, 320), torch.zeros(4, 360, dtype=torch.uint8), traits.Q8_0)
 
 
 def _moe(q13, q2, e, h, inter, t, top_k, g, hot=False):
@@ -170,7 +171,7 @@ def test_packed_weights_on_every_linear_plan_give_the_file_layouts_product(name)
     (decode) and in 64-row prefill tiles, the dequantizing path, the register-MMA kernel — gives the file layout's
     product bit for bit (the same bytes decoded the same way), and dequantizes to the same numbers.  Rows of one
     to 8 super-blocks (Q6_K at K = 256 and 512: packed rows padded to 16 bytes, its scales and d found by K)."""
-    from glm5_shim.kernels import gguf_mma
+    from glm5_shim.kernels.gguf import register_mma as gguf_mma
 
     qt = TYPES[name]
     g = torch.Generator().manual_seed(qt + 91)
@@ -192,7 +193,7 @@ def test_packed_weights_on_every_linear_plan_give_the_file_layouts_product(name)
                                match=rf"expected {gguf_mma.packed_row_bytes(qt, k)} contiguous bytes for K=256 packed"):
                 gm.gguf_linear(x, w, qt, packed=True)
     with pytest.raises(ValueError, match="no packed layout"):
-        gm.gguf_linear(x, ref.random_blocks(gm.Q4_K, 8, 256, g), gm.Q4_K, packed=True)
+        gm.gguf_linear(x, ref.random_blocks(traits.Q4_K, 8, 256, g), traits.Q4_K, packed=True)
 
 
 @pytest.mark.parametrize("q13,q2", [("Q4_K", "Q6_K"), ("Q5_K", "Q8_0"), ("Q2_K", "Q3_K"), ("IQ4_XS", "IQ4_NL"),
@@ -222,7 +223,7 @@ def test_prefill_tiles_tuned_per_pass(q13, q2):
     operand (SWAP: the product computed transposed, stored back in row order) and 32-feature blocks, on the file's
     layout and on packed weights; fp32 and fp16 against float64, and SWAP the unswapped tiles' products in fp32 up
     to float32 summation order (numpy's, in the interpreter: 2**-20 of the norm, as for the linear tiles)."""
-    from glm5_shim.kernels import gguf_mma
+    from glm5_shim.kernels.gguf import register_mma as gguf_mma
 
     q13, q2 = TYPES[q13], TYPES[q2]
     g = torch.Generator().manual_seed(3 * q13 + q2)
@@ -271,13 +272,13 @@ def test_moe_dequantized_chunks(q13, q2):
 
 
 def test_moe_regimes_follow_the_measured_thresholds(monkeypatch):
-    """Which path a MoE takes by its mean rows an expert (kernel_coverage's session-12 and -24 tables), and the
+    """Which path a MoE takes by its mean rows an expert (routing's 2026-12-03 and 2026-12-06 tables), and the
     register-MMA block it launches (cols_for twice the mean, at most MMA_MOE_MAX_BLOCK_ROWS): Q6_K on the
     register-MMA kernel to 64 rows, dequantized past it; Q4_K on the register MMA to 16 rows (in 16-row blocks), the
     prefill tiles to 191, dequantized from 192; Q2_K on the register MMA to 64 rows (16-row blocks), dequantized
     past it; IQ3_XXS on the register MMA to 64 rows, dequantized past it; IQ4_XS (no register-MMA kernel) on the
     tiles below 128 rows; float32 activations never dequantized (its tiles are sized for 16 bits)."""
-    from glm5_shim.kernels import gguf_mma
+    from glm5_shim.kernels.gguf import register_mma as gguf_mma
 
     taken = []
     monkeypatch.setattr(gm, "_moe_dequantized", lambda *a, **kw: taken.append("dequant") or a[-1])
@@ -357,17 +358,17 @@ def test_dequantize_in_runs_of_steps_equals_one_step_a_program(name):
 def test_grid_tables_hold_the_gguf_grids_as_bytes_and_refuse_values_that_do_not_fit(monkeypatch):
     """The IQ kernels read gguf.quants' own grids from a uint8 table (IQ1: value + 1); a grid the bytes cannot hold
     is refused in one line naming it, not silently truncated."""
-    quants = {gm.IQ2_XXS: gguf.quants.IQ2_XXS, gm.IQ2_S: gguf.quants.IQ2_S, gm.IQ3_XXS: gguf.quants.IQ3_XXS,
-              gm.IQ3_S: gguf.quants.IQ3_S, gm.IQ2_XS: gguf.quants.IQ2_XS, gm.IQ1_S: gguf.quants.IQ1_S,
-              gm.IQ1_M: gguf.quants.IQ1_M}
+    quants = {traits.IQ2_XXS: gguf.quants.IQ2_XXS, traits.IQ2_S: gguf.quants.IQ2_S, traits.IQ3_XXS: gguf.quants.IQ3_XXS,
+              traits.IQ3_S: gguf.quants.IQ3_S, traits.IQ2_XS: gguf.quants.IQ2_XS, traits.IQ1_S: gguf.quants.IQ1_S,
+              traits.IQ1_M: gguf.quants.IQ1_M}
     for qt, quant in quants.items():
         quant.init_grid()
         table = gm.grid_table(qt, torch.device("cpu"))
-        offset = gm.GRID_IQ1_OFFSET if qt in (gm.IQ1_S, gm.IQ1_M) else 0
+        offset = gm.GRID_IQ1_OFFSET if qt in (traits.IQ1_S, traits.IQ1_M) else 0
         assert table.dtype == torch.uint8 and table.shape == quant.grid_shape
         assert torch.equal(table.double() - offset, torch.from_numpy(quant.grid.reshape(quant.grid_shape)).double())
     with pytest.raises(ValueError, match="GGUF type 12 has no grid"):
-        gm.grid_table(gm.Q4_K, torch.device("cpu"))
+        gm.grid_table(traits.Q4_K, torch.device("cpu"))
     monkeypatch.setattr(gguf.quants.IQ3_S, "grid", gguf.quants.IQ3_S.grid * 20)
     with pytest.raises(ValueError, match=r"gguf.quants.IQ3_S.grid holds values the kernels cannot hold as bytes"):
-        gm._grid_bytes(gm.IQ3_S)
+        gm._grid_bytes(traits.IQ3_S)

@@ -1,4 +1,4 @@
-"""The register-MMA decode kernels (kernels/gguf_mma.py: Q4_K, Q5_K, Q6_K, Q8_0) under the Triton interpreter,
+"""The register-MMA decode kernels (kernels/gguf/register_mma.py: Q4_K, Q5_K, Q6_K, Q8_0) under the Triton interpreter,
 against float64 on the ``gguf`` package's dequantization.
 
 The interpreter runs the Gluon source through kernels/gluon_compat (layouts ignored: they never change a result)
@@ -14,10 +14,11 @@ by u |out| (gguf_matmul_reference.mma_error_bound).  A wrong permutation or scal
 import pytest
 import torch
 
+from glm5_shim.kernels.gguf import traits
 from glm5_shim.kernels import arrivals
-from glm5_shim.kernels import gguf_matmul as gm
-from glm5_shim.kernels import gguf_matmul_reference as ref
-from glm5_shim.kernels import gguf_mma as mma
+from glm5_shim.kernels.gguf import tiles as gm
+from glm5_shim.kernels.gguf import reference as ref
+from glm5_shim.kernels.gguf import register_mma as mma
 
 U16 = 2.0 ** -11
 
@@ -31,19 +32,19 @@ def _within_bound(got, x, w, qtype, k):
 
 def test_q4k_parts_are_the_gguf_dequantization():
     g = torch.Generator().manual_seed(11)
-    w = ref.random_blocks(mma.Q4_K, 6, 512, g)
+    w = ref.random_blocks(traits.Q4_K, 6, 512, g)
     s, m, n = ref.q4k_parts(w, 512)
     rebuilt = s.repeat_interleave(32, 1) * n - m.repeat_interleave(32, 1)
-    assert torch.equal(rebuilt, ref.dequantize(w, mma.Q4_K, 512))
+    assert torch.equal(rebuilt, ref.dequantize(w, traits.Q4_K, 512))
 
 
 def test_q2k_parts_are_the_gguf_dequantization():
     g = torch.Generator().manual_seed(12)
-    w = ref.random_blocks(mma.Q2_K, 6, 512, g)
+    w = ref.random_blocks(traits.Q2_K, 6, 512, g)
     s, m, n = ref.q2k_parts(w, 512)
     assert int(n.max()) == 3 and int(n.min()) == 0
     rebuilt = s.repeat_interleave(16, 1) * n - m.repeat_interleave(16, 1)
-    assert torch.equal(rebuilt, ref.dequantize(w, mma.Q2_K, 512))
+    assert torch.equal(rebuilt, ref.dequantize(w, traits.Q2_K, 512))
 
 
 def test_permuted_k_orders_pair_every_code_with_its_activation():
@@ -70,7 +71,7 @@ _IQ_CASES = [(n, "random") for n in ("IQ2_XXS", "IQ2_S", "IQ3_XXS", "IQ3_S")]   
 
 @pytest.mark.parametrize("name,blocks", _LINEAR_CASES + _IQ_CASES)
 def test_linear_within_bound(name, blocks):
-    qtype = getattr(gm, name)
+    qtype = getattr(traits, name)
     g = torch.Generator().manual_seed(3 + (blocks == "random") + qtype)
     n, k = 200, 1024                      # 200: two row tiles, the second partly outside the weight
     w = (ref.random_blocks(qtype, n, k, g) if blocks == "random"
@@ -88,25 +89,25 @@ def test_linear_within_bound(name, blocks):
 
 def test_linear_dispatch_follows_the_switch(monkeypatch):
     g = torch.Generator().manual_seed(5)
-    w = ref.random_blocks(mma.Q4_K, 64, 512, g)
+    w = ref.random_blocks(traits.Q4_K, 64, 512, g)
     x = torch.randn(3, 512, generator=g).half()
     calls = []
     real = mma.launch
     monkeypatch.setattr(mma, "launch", lambda *a, **kw: (calls.append(kw["n"]), real(*a, **kw))[1])
     monkeypatch.setenv("GLM5_SHIM_GGUF_DECODE", "tile")
-    tile = gm.gguf_linear(x, w, mma.Q4_K)
+    tile = gm.gguf_linear(x, w, traits.Q4_K)
     assert not calls
     monkeypatch.setenv("GLM5_SHIM_GGUF_DECODE", "mma")
-    got = gm.gguf_linear(x, w, mma.Q4_K)
+    got = gm.gguf_linear(x, w, traits.Q4_K)
     assert calls == [64]
     assert ((got.double() - tile.double()).norm() / tile.double().norm()).item() <= 2e-3
-    gm.gguf_linear(torch.randn(9, 512, generator=g).half(), w, mma.Q4_K)     # 9 rows: the tile kernel
-    gm.gguf_linear(x.float(), w, mma.Q4_K)                                   # float32: the tile kernel
+    gm.gguf_linear(torch.randn(9, 512, generator=g).half(), w, traits.Q4_K)     # 9 rows: the tile kernel
+    gm.gguf_linear(x.float(), w, traits.Q4_K)                                   # float32: the tile kernel
     assert calls == [64]
 
 
 def test_iq_linears_stay_on_the_register_mma_kernel_to_their_row_limit(monkeypatch):
-    """IQ2_XXS/IQ2_S dense linears run there up to kernel_coverage.MMA_LINEAR_MAX_ROWS (measured faster to 32
+    """IQ2_XXS/IQ2_S dense linears run there up to routing.MMA_LINEAR_MAX_ROWS (measured faster to 32
     rows), the K-quants only up to one program's 8 rows; both paths agree with float64 within the bound."""
     g = torch.Generator().manual_seed(7)
     k, n = 512, 40
@@ -115,7 +116,7 @@ def test_iq_linears_stay_on_the_register_mma_kernel_to_their_row_limit(monkeypat
     monkeypatch.setattr(mma, "launch", lambda *a, **kw: (calls.append(kw["n"]), real(*a, **kw))[1])
     monkeypatch.setenv("GLM5_SHIM_GGUF_DECODE", "mma")
     for name, rows_on_mma in (("IQ2_XXS", 32), ("IQ2_S", 32), ("Q4_K", mma.TOKENS)):
-        qtype = getattr(gm, name)
+        qtype = getattr(traits, name)
         assert gm.mma_linear_max_rows(qtype) == rows_on_mma
         w = ref.random_blocks(qtype, n, k, g)
         for m in (rows_on_mma, rows_on_mma + 1):
@@ -135,7 +136,7 @@ def test_wide_blocks_within_bound(name):
     in 16/32-row sorted blocks (an expert group hot with 40 rows: a full and a partly filled 32-row block), within
     the bound of 8-row programs.  Rows past 8 are what the wider layouts add: a wrong token index would pair an
     activation row with another row's output, O(|out|) off."""
-    qtype = getattr(gm, name)
+    qtype = getattr(traits, name)
     g = torch.Generator().manual_seed(11 + qtype)
     n, k = 72, 512
     w = ref.random_blocks(qtype, n, k, g)
@@ -147,15 +148,15 @@ def test_wide_blocks_within_bound(name):
         assert ok and rel <= 2e-3, (name, m, cols, excess, rel)
     e, h, inter, top_k = 4, 512, 256, 3
     w13 = torch.stack([ref.random_blocks(qtype, 2 * inter, h, g) for _ in range(e)])
-    w2 = torch.stack([ref.random_blocks(gm.Q6_K, h, inter, g) for _ in range(e)])
+    w2 = torch.stack([ref.random_blocks(traits.Q6_K, h, inter, g) for _ in range(e)])
     for t, hot, cols in ((40, 1, 32), (20, None, 16)):
         x = (torch.randn(t, h, generator=g) * 0.5).half()
         ids = (torch.arange(hot, hot + top_k).repeat(t, 1) % e if hot is not None
                else torch.stack([torch.randperm(e, generator=g)[:top_k] for _ in range(t)])).to(torch.int32)
         wts = torch.rand(t, top_k, generator=g)
         plan = {**gm.moe_plan(t, top_k, e, decode=True), "mma": True, "direct": False, "mma_cols": cols}
-        got = gm.gguf_moe(x, w13, w2, wts, ids, qtype, gm.Q6_K, plan=plan)
-        want = ref.moe_reference(x, w13, w2, wts, ids, qtype, gm.Q6_K)
+        got = gm.gguf_moe(x, w13, w2, wts, ids, qtype, traits.Q6_K, plan=plan)
+        want = ref.moe_reference(x, w13, w2, wts, ids, qtype, traits.Q6_K)
         rel = ((got.double() - want).norm() / want.norm()).item()
         assert rel <= 4e-3, (name, t, hot, cols, rel)
 
@@ -168,9 +169,9 @@ def test_program_rows_follow_the_rows_a_weight_tile_serves():
     w = torch.zeros(16, 144, dtype=torch.uint8)
     out = torch.empty(8, 16, dtype=torch.float16)
     with pytest.raises(ValueError, match="cols=24"):
-        mma.launch(x, w, out, qtype=mma.Q4_K, n=16, num_valid=8, num_blocks=1, split=1, sb_per_split=1, cols=24)
+        mma.launch(x, w, out, qtype=traits.Q4_K, n=16, num_valid=8, num_blocks=1, split=1, sb_per_split=1, cols=24)
     with pytest.raises(ValueError, match="cols=16"):
-        mma.launch(x, w.view(1, 16, 144), out, qtype=mma.Q4_K, n=16, num_valid=8, num_blocks=8, split=1,
+        mma.launch(x, w.view(1, 16, 144), out, qtype=traits.Q4_K, n=16, num_valid=8, num_blocks=8, split=1,
                    sb_per_split=1, route=(None, torch.zeros(8, dtype=torch.int32), None, None),
                    routing=mma.PAIRS.value, cols=16)
 
@@ -183,7 +184,7 @@ def test_program_rows_follow_the_rows_a_weight_tile_serves():
 def test_moe_decode(types):
     """Both passes on the register-MMA kernels, or one of them (the other on the tile kernel with its own
     routing layout); one expert hot or routings spread; float64 reference."""
-    q13, q2 = getattr(gm, types[0]), getattr(gm, types[1])
+    q13, q2 = getattr(traits, types[0]), getattr(traits, types[1])
     g = torch.Generator().manual_seed(q13 * 7 + q2)
     e, h, inter, top_k = 8, 512, 256, 3
     w13 = torch.stack([ref.random_blocks(q13, 2 * inter, h, g) for _ in range(e)])
@@ -214,8 +215,8 @@ def test_moe_decode_in_two_launches(monkeypatch, direct, splits):
     monkeypatch.setenv("GLM5_SHIM_GGUF_SPLITS", splits)
     g = torch.Generator().manual_seed(41 + direct)
     e, h, inter, top_k, t = 6, 512, 512, 3, 3
-    w13 = torch.stack([ref.random_blocks(gm.Q4_K, 2 * inter, h, g) for _ in range(e)])
-    w2 = torch.stack([ref.random_blocks(gm.Q6_K, h, inter, g) for _ in range(e)])
+    w13 = torch.stack([ref.random_blocks(traits.Q4_K, 2 * inter, h, g) for _ in range(e)])
+    w2 = torch.stack([ref.random_blocks(traits.Q6_K, h, inter, g) for _ in range(e)])
     x = (torch.randn(t, h, generator=g) * 0.5).half()
     ids = torch.tensor([[0, 1, 2], [2, 3, 0], [5, 4, 1]], dtype=torch.int32)
     wts = torch.rand(t, top_k, generator=g)
@@ -223,9 +224,9 @@ def test_moe_decode_in_two_launches(monkeypatch, direct, splits):
     real = mma.launch
     monkeypatch.setattr(mma, "launch", lambda *a, **kw: (launched.append((kw.get("routing", 0), kw["split"])),
                                                           real(*a, **kw))[1])
-    got = gm.gguf_moe(x, w13, w2, wts, ids, gm.Q4_K, gm.Q6_K,
+    got = gm.gguf_moe(x, w13, w2, wts, ids, traits.Q4_K, traits.Q6_K,
                       plan={**gm.moe_plan(t, top_k, e), "mma": True, "direct": direct})
-    want = ref.moe_reference(x, w13, w2, wts, ids, gm.Q4_K, gm.Q6_K)
+    want = ref.moe_reference(x, w13, w2, wts, ids, traits.Q4_K, traits.Q6_K)
     rel = ((got.double() - want).norm() / want.norm()).item()
     assert rel <= 4e-3, (direct, rel)
     if direct:
@@ -237,15 +238,16 @@ def test_moe_decode_in_two_launches(monkeypatch, direct, splits):
 
 def test_moe_past_the_decode_threshold_stays_on_the_register_mma_kernels_where_measured_faster(monkeypatch):
     """6 rows an expert (16 tokens x top 3 of 8 experts), past MOE_DECODE_MAX_ROWS_PER_EXPERT: a Q4_K MoE and the
-    UD-IQ2_M mix stay in the decode regime on the register-MMA kernels (kernel_coverage.MMA_MOE_MAX_ROWS_PER_EXPERT),
+    UD-IQ2_M mix stay in the decode regime on the register-MMA kernels (routing.MMA_MOE_MAX_ROWS_PER_EXPERT),
     sorted into 8-row blocks; Q4_K with an IQ4_XS down projection (no register-MMA kernel for IQ4_XS), any MoE with
     GLM5_SHIM_GGUF_DECODE=tile, and Q4_K past its own limit (18 rows: 48 tokens) take the prefill tiles; float64
     reference either way."""
-    from glm5_shim.gguf.kernel_coverage import MMA_MOE_MAX_ROWS_PER_EXPERT
+    from glm5_shim.kernels.gguf.routing import MMA_MOE_MAX_ROWS_PER_EXPERT
 
     g = torch.Generator().manual_seed(77)
     e, h, inter, top_k = 8, 512, 256, 3
-    assert gm.MOE_DECODE_MAX_ROWS_PER_EXPERT < 16 * top_k / e <= MMA_MOE_MAX_ROWS_PER_EXPERT[gm.Q4_K] < 48 * top_k / e
+    q4k_rows = MMA_MOE_MAX_ROWS_PER_EXPERT[traits.Q4_K]
+    assert gm.MOE_DECODE_MAX_ROWS_PER_EXPERT < 16 * top_k / e <= q4k_rows < 48 * top_k / e
     launched = []
     real = mma.launch
     monkeypatch.setattr(mma, "launch", lambda *a, **kw: (launched.append(kw.get("routing", 0)), real(*a, **kw))[1])
@@ -255,7 +257,7 @@ def test_moe_past_the_decode_threshold_stays_on_the_register_mma_kernels_where_m
                                            (("Q4_K", "Q4_K"), 16, "tile", False),
                                            (("Q4_K", "Q4_K"), 48, "mma", False)):
         monkeypatch.setenv("GLM5_SHIM_GGUF_DECODE", decode)
-        q13, q2 = getattr(gm, q13), getattr(gm, q2)
+        q13, q2 = getattr(traits, q13), getattr(traits, q2)
         w13 = torch.stack([ref.random_blocks(q13, 2 * inter, h, g) for _ in range(e)])
         w2 = torch.stack([ref.random_blocks(q2, h, inter, g) for _ in range(e)])
         x = (torch.randn(t, h, generator=g) * 0.5).half()
@@ -279,10 +281,10 @@ def test_split_k_linears_reduce_in_the_kernel_or_in_a_launch(monkeypatch, splits
         monkeypatch.setattr(arrivals, "COUNTER_SLOTS", 1)
     g = torch.Generator().manual_seed(5)
     n, k = 150, 1024
-    for qtype in (mma.Q4_K, mma.Q8_0, gm.Q2_K):
+    for qtype in (traits.Q4_K, traits.Q8_0, traits.Q2_K):
         w = ref.random_blocks(qtype, n, k, g)
         x = torch.randn(3, k, generator=g).half()
-        got = mma.linear(x, w, qtype, n, 16) if qtype == mma.Q4_K else gm.gguf_linear(x, w, qtype)
+        got = mma.linear(x, w, qtype, n, 16) if qtype == traits.Q4_K else gm.gguf_linear(x, w, qtype)
         want = x.double() @ ref.dequantize(w, qtype, k).T
         rel = ((got.double() - want).norm() / want.norm()).item()
         assert rel <= 2e-3, (qtype, splits, rel)
@@ -291,15 +293,15 @@ def test_split_k_linears_reduce_in_the_kernel_or_in_a_launch(monkeypatch, splits
 
 
 def test_covers_its_types_in_16_bit_activations_on_aligned_rows():
-    assert mma.covers(mma.Q4_K, 6144, torch.bfloat16) and mma.covers(mma.Q6_K, 256, torch.float16)
-    assert not mma.covers(mma.Q4_K, 6144, torch.float32)
-    assert mma.covers(mma.Q5_K, 6144, torch.bfloat16) and mma.covers(mma.Q8_0, 6144, torch.bfloat16)
-    assert mma.covers(gm.Q2_K, 6144, torch.bfloat16) and not mma.covers(gm.Q3_K, 6144, torch.bfloat16)
-    assert not mma.covers(mma.Q4_K, 384, torch.bfloat16)
+    assert mma.covers(traits.Q4_K, 6144, torch.bfloat16) and mma.covers(traits.Q6_K, 256, torch.float16)
+    assert not mma.covers(traits.Q4_K, 6144, torch.float32)
+    assert mma.covers(traits.Q5_K, 6144, torch.bfloat16) and mma.covers(traits.Q8_0, 6144, torch.bfloat16)
+    assert mma.covers(traits.Q2_K, 6144, torch.bfloat16) and not mma.covers(traits.Q3_K, 6144, torch.bfloat16)
+    assert not mma.covers(traits.Q4_K, 384, torch.bfloat16)
     padded = torch.zeros(4, 146, dtype=torch.uint8)      # a merged weight padded to 146 bytes a row
-    assert not mma.aligned(padded[:, :144], mma.Q4_K) and mma.aligned(padded[:, :144], mma.Q6_K)
-    assert not mma.aligned(torch.zeros(4, 147, dtype=torch.uint8), mma.Q6_K)
-    assert mma.aligned(torch.zeros(2, 4, 144, dtype=torch.uint8), mma.Q4_K)
+    assert not mma.aligned(padded[:, :144], traits.Q4_K) and mma.aligned(padded[:, :144], traits.Q6_K)
+    assert not mma.aligned(torch.zeros(4, 147, dtype=torch.uint8), traits.Q6_K)
+    assert mma.aligned(torch.zeros(2, 4, 144, dtype=torch.uint8), traits.Q4_K)
 
 
 def test_packed_q8_0_is_the_same_bytes_and_the_same_products():
@@ -308,7 +310,7 @@ def test_packed_q8_0_is_the_same_bytes_and_the_same_products():
     (the same arithmetic in the same order), split or not, for rows of one to 19 activations."""
     g = torch.Generator().manual_seed(21)
     n, k = 200, 1024
-    w = ref.quantized_blocks(mma.Q8_0, torch.randn(n, k, generator=g) * 0.02)
+    w = ref.quantized_blocks(traits.Q8_0, torch.randn(n, k, generator=g) * 0.02)
     packed = mma.pack_q8_0(w)
     assert packed.shape == w.shape and packed.dtype == torch.uint8 and not torch.equal(packed, w)
     assert torch.equal(mma.unpack_q8_0(packed), w)
@@ -320,19 +322,19 @@ def test_packed_q8_0_is_the_same_bytes_and_the_same_products():
     assert torch.equal(mma.unpack_q8_0(mma.pack_q8_0(experts)), experts)
     for m, num_sms in ((1, 4), (5, 1), (8, 16), (19, 4)):
         x = torch.randn(m, k, generator=g).half()
-        want = mma.linear(x, w, mma.Q8_0, n, num_sms)
-        got = mma.linear(x, packed, mma.Q8_0, n, num_sms, packed=True)
+        want = mma.linear(x, w, traits.Q8_0, n, num_sms)
+        got = mma.linear(x, packed, traits.Q8_0, n, num_sms, packed=True)
         assert torch.equal(got, want), (m, num_sms)
-        ok, excess, _ = _within_bound(got, x, w, mma.Q8_0, k)
+        ok, excess, _ = _within_bound(got, x, w, traits.Q8_0, k)
         assert ok, (m, num_sms, excess)
     # reading the file's bytes as packed is wrong (by O(|out|), or NaN where codes are read as scales)
     x = torch.randn(4, k, generator=g).half()
-    wrong = mma.linear(x, w, mma.Q8_0, n, 4, packed=True)
-    right = mma.linear(x, w, mma.Q8_0, n, 4)
+    wrong = mma.linear(x, w, traits.Q8_0, n, 4, packed=True)
+    right = mma.linear(x, w, traits.Q8_0, n, 4)
     close = torch.isclose(wrong.double(), right.double(), rtol=0.1, atol=1e-3)   # NaN (codes read as scales) too
     assert close.double().mean().item() < 0.5
     with pytest.raises(ValueError, match="only, not Q4_K"):
-        mma.linear(x, ref.random_blocks(mma.Q4_K, 64, k, g), mma.Q4_K, 64, 4, packed=True)
+        mma.linear(x, ref.random_blocks(traits.Q4_K, 64, k, g), traits.Q4_K, 64, 4, packed=True)
     with pytest.raises(ValueError, match="whole 272-byte groups"):
         mma.pack_q8_0(torch.zeros(4, 34 * 4, dtype=torch.uint8))
 
@@ -343,26 +345,26 @@ def test_packed_q6_k_is_the_same_bytes_and_the_same_products():
     row (a TP-8 expert's w2) to 24 (K = 6144), split or not.  Reading the file's bytes as packed is wrong."""
     g = torch.Generator().manual_seed(22)
     for n, k in ((200, 1024), (72, 256), (64, 6144)):
-        w = ref.quantized_blocks(mma.Q6_K, torch.randn(n, k, generator=g) * 0.02)
-        packed = mma.pack(w, mma.Q6_K)
+        w = ref.quantized_blocks(traits.Q6_K, torch.randn(n, k, generator=g) * 0.02)
+        packed = mma.pack(w, traits.Q6_K)
         nsb = k // 256
         assert packed.shape == (n, mma.q6_k_packed_row_bytes(k)) and packed.shape[1] % 16 == 0
         assert packed.shape[1] - w.shape[1] < 16
-        assert torch.equal(mma.unpack(packed, mma.Q6_K, k), w)
+        assert torch.equal(mma.unpack(packed, traits.Q6_K, k), w)
         # super-block 0 of row 0: codes at 0, scales at 192 nsb, d at 208 nsb
         assert torch.equal(packed[0, :192], w[0, :192])
         assert torch.equal(packed[0, 192 * nsb:192 * nsb + 16], w[0, 192:208])
         assert torch.equal(packed[0, 208 * nsb:208 * nsb + 2], w[0, 208:210])
         for m, num_sms in ((1, 4), (5, 1), (8, 16)):
             x = torch.randn(m, k, generator=g).half()
-            want = mma.linear(x, w, mma.Q6_K, n, num_sms)
-            got = mma.linear(x, packed, mma.Q6_K, n, num_sms, packed=True)
+            want = mma.linear(x, w, traits.Q6_K, n, num_sms)
+            got = mma.linear(x, packed, traits.Q6_K, n, num_sms, packed=True)
             assert torch.equal(got, want), (n, k, m, num_sms)
     x = torch.randn(4, 1024, generator=g).half()
-    w = ref.quantized_blocks(mma.Q6_K, torch.randn(200, 1024, generator=g) * 0.02)
-    wrong = mma.linear(x, torch.nn.functional.pad(w, (0, mma.q6_k_packed_row_bytes(1024) - w.shape[1])), mma.Q6_K,
+    w = ref.quantized_blocks(traits.Q6_K, torch.randn(200, 1024, generator=g) * 0.02)
+    wrong = mma.linear(x, torch.nn.functional.pad(w, (0, mma.q6_k_packed_row_bytes(1024) - w.shape[1])), traits.Q6_K,
                        200, 4, packed=True)
-    close = torch.isclose(wrong.double(), mma.linear(x, w, mma.Q6_K, 200, 4).double(), rtol=0.1, atol=1e-3)
+    close = torch.isclose(wrong.double(), mma.linear(x, w, traits.Q6_K, 200, 4).double(), rtol=0.1, atol=1e-3)
     assert close.double().mean().item() < 0.5
     with pytest.raises(ValueError, match="whole 210-byte super-blocks"):
         mma.pack_q6_k(torch.zeros(4, 300, dtype=torch.uint8))
@@ -375,9 +377,9 @@ def test_packed_iq2_is_the_same_bytes_and_the_same_products(name):
     its d, padded to 8 bytes: unpacked back bit for bit; the kernel reading it gives the file layout's output
     exactly, for one super-block a row (a TP-8 expert's w2: 72 / 88 bytes for 66 / 82) to 8, split or not.  Reading
     the file's bytes as packed is wrong.  (No quantizer here for IQ types: random valid blocks.)"""
-    qt = getattr(mma, name)
+    qt = getattr(traits, name)
     g = torch.Generator().manual_seed(23 + qt)
-    nbytes = 66 if qt == mma.IQ2_XXS else 82
+    nbytes = 66 if qt == traits.IQ2_XXS else 82
     table = gm.grid_table(qt, torch.device("cpu"))
     for n, k in ((72, 256), (40, 1024), (16, 2048)):
         w = ref.random_blocks(qt, n, k, g)
@@ -389,7 +391,7 @@ def test_packed_iq2_is_the_same_bytes_and_the_same_products(name):
         sb = min(1, nsb - 1)   # super-block 1 (or 0) of row 3, where the kernels read it
         blk = w[3, nbytes * sb:nbytes * (sb + 1)]
         for j in range(8):     # sub-block j: its 8 bytes at 64 sb + 8 j (IQ2_XXS: the word spread)
-            if qt == mma.IQ2_XXS:
+            if qt == traits.IQ2_XXS:
                 word = torch.tensor([int.from_bytes(bytes(blk[6 + 8 * j:10 + 8 * j].tolist()), "little")])
                 spread = int(mma.spread_iq2xxs_signs(word.to(torch.int32))[0]) & 0xFFFFFFFF
                 want = torch.cat([blk[2 + 8 * j:6 + 8 * j], torch.tensor(list(spread.to_bytes(4, "little")),
@@ -397,9 +399,9 @@ def test_packed_iq2_is_the_same_bytes_and_the_same_products(name):
             else:
                 want = torch.cat([blk[2 + 4 * j:6 + 4 * j], blk[34 + 4 * j:38 + 4 * j]])
             assert torch.equal(packed[3, 64 * sb + 8 * j:64 * sb + 8 * j + 8], want), j
-        if qt == mma.IQ2_S:    # qh and scales at 64 nsb + 16 sb, d at 80 nsb + 2 sb
+        if qt == traits.IQ2_S:    # qh and scales at 64 nsb + 16 sb, d at 80 nsb + 2 sb
             assert torch.equal(packed[3, 64 * nsb + 16 * sb:64 * nsb + 16 * sb + 16], blk[66:82])
-        d_at = (64 if qt == mma.IQ2_XXS else 80) * nsb + 2 * sb
+        d_at = (64 if qt == traits.IQ2_XXS else 80) * nsb + 2 * sb
         assert torch.equal(packed[3, d_at:d_at + 2], blk[:2])
         for m, num_sms in ((1, 4), (5, 1), (8, 16), (19, 4)):
             x = torch.randn(m, k, generator=g).half()
@@ -453,7 +455,7 @@ def test_packed_experts_give_the_file_layouts_moe(monkeypatch, types):
     tiles and the dequantized experts.  Each gives the file layout's output bit for bit: the same bytes decoded by
     the same arithmetic in the same order."""
     monkeypatch.setattr(gm, "CPU_NUM_SMS", 6)
-    q13, q2 = getattr(gm, types[0]), getattr(gm, types[1])
+    q13, q2 = getattr(traits, types[0]), getattr(traits, types[1])
     pk13, pk2 = q13 in mma.PACKERS, q2 in mma.PACKERS
     g = torch.Generator().manual_seed(61 + q13 + q2)
     e, h, inter, top_k = 6, 512, 256, 3
@@ -493,7 +495,7 @@ def test_loads_ahead_compute_the_same_products(monkeypatch, types):
     slot's super-blocks, units crossing from one slot's expert to the next) give AHEAD=1's output bit for bit,
     on the file's layout and packed."""
     monkeypatch.setattr(gm, "CPU_NUM_SMS", 6)
-    q13, q2 = getattr(gm, types[0]), getattr(gm, types[1])
+    q13, q2 = getattr(traits, types[0]), getattr(traits, types[1])
     g = torch.Generator().manual_seed(71 + q13 + q2)
     e, h, inter, top_k = 6, 512, 512, 3
     w13 = torch.stack([_blocks(q13, 2 * inter, h, g) for _ in range(e)])

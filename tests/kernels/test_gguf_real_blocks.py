@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from glm5_shim.gguf.kernel_coverage import shim_kernel_covers
-from glm5_shim.kernels import gguf_matmul as gm
-from glm5_shim.kernels import gguf_matmul_reference as ref
+from glm5_shim.kernels.gguf.routing import shim_kernel_covers
+from glm5_shim.kernels.gguf import tiles as gm
+from glm5_shim.kernels.gguf import reference as ref
 from tests.helpers import bench_module, in_ci
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
@@ -95,11 +95,11 @@ def test_moe_on_llama_quantize_experts(llama_real):
 
 
 def test_register_mma_kernel_on_llama_quantize_iq_blocks(llama_real):
-    """The register-MMA kernel (kernels/gguf_mma.py: the decode path of the IQ types it computes, whether or not the
+    """The register-MMA kernel (register_mma.py: the decode path of the IQ types it computes, whether or not the
     plans send them there yet) on every IQ2/IQ3 tensor llama-quantize wrote: fp16 activations, 5 rows, split over
     K, within the kernel's float64 bound (gguf_matmul_reference.mma_error_bound: one rounding of the scale, one of
     the weight; float32 sums) plus the output's own rounding."""
-    from glm5_shim.kernels import gguf_mma
+    from glm5_shim.kernels.gguf import register_mma as gguf_mma
 
     unit = 2.0 ** -11
     seen = set()

@@ -9,7 +9,8 @@ every register independent) and checks every output half bit for bit."""
 import numpy as np
 import pytest
 
-from glm5_shim.kernels import gguf_mma as mma
+from glm5_shim.kernels.gguf import traits
+from glm5_shim.kernels.gguf import register_mma as mma
 from tests.kernels import test_code_asm as base
 
 
@@ -77,7 +78,7 @@ def _pairs(rng, n, fp16, **kw):
 @pytest.mark.parametrize("fp16", [False, True], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q2_K"])
 def test_decode_ptx_gives_every_weight_bit_for_bit(name, fp16):
-    qtype = getattr(mma, name)
+    qtype = getattr(traits, name)
     rng = np.random.default_rng(qtype + 2 * fp16)
     n = 4096
     bytes_ = rng.integers(0, 256, size=(4, n)).astype(np.uint32)
@@ -87,10 +88,10 @@ def test_decode_ptx_gives_every_weight_bit_for_bit(name, fp16):
     high = rng.integers(0, 2 ** 32, size=n, dtype=np.uint64).astype(np.uint32)
     s = [_pairs(rng, n, fp16) for _ in range(4)]           # scale registers: lo pair 0/1, hi pair 0/1
     neg_m = [_pairs(rng, n, fp16, lo=1e-3, hi=1e-1, signed=True) for _ in range(4)]
-    if qtype in (mma.Q4_K, mma.Q2_K):
+    if qtype in (traits.Q4_K, traits.Q2_K):
         regs = {"$4": codes, "$5": s[0], "$6": s[1], "$7": neg_m[0], "$8": neg_m[1], "$9": s[2], "$10": s[3],
                 "$11": neg_m[2], "$12": neg_m[3]}
-    elif qtype == mma.Q5_K:
+    elif qtype == traits.Q5_K:
         regs = {"$4": codes, "$5": high, "$6": s[0], "$7": s[1], "$8": neg_m[0], "$9": neg_m[1], "$10": s[2],
                 "$11": s[3], "$12": neg_m[2], "$13": neg_m[3]}
     else:   # Q6_K: low nibbles and high bits; Q8_0: the codes of the two halves of K ($5 = the second's)
@@ -103,17 +104,17 @@ def test_decode_ptx_gives_every_weight_bit_for_bit(name, fp16):
             b = bytes_[k]
             hb = (high >> np.uint32(8 * k)) & np.uint32(0xFF)
             code = (b >> np.uint32(4)) if nibble else (b & np.uint32(15))
-            if qtype == mma.Q2_K:   # the two 2-bit codes of bits 0-1 ("low") and 2-3 ("high"); bits 4-7 ignored
+            if qtype == traits.Q2_K:   # the two 2-bit codes of bits 0-1 ("low") and 2-3 ("high"); bits 4-7 ignored
                 code = (b >> np.uint32(2 * nibble)) & np.uint32(3)
             sc = _value((s[2 * nibble + pair] >> sh) & np.uint32(0xFFFF), fp16)
-            if qtype == mma.Q8_0:   # int8 codes: output 0/1 from $4's bytes, 2/3 from $5's
+            if qtype == traits.Q8_0:   # int8 codes: output 0/1 from $4's bytes, 2/3 from $5's
                 src = b if nibble == 0 else hb
                 want = sc * np.where(src >= 128, src.astype(np.float64) - 256, src.astype(np.float64))
-            elif qtype == mma.Q6_K:   # low nibble + high bits 0-1, high nibble + high bits 4-5; q - 32
+            elif qtype == traits.Q6_K:   # low nibble + high bits 0-1, high nibble + high bits 4-5; q - 32
                 top = (hb >> np.uint32(4 * nibble)) & np.uint32(3)
                 want = sc * ((code | (top << np.uint32(4))).astype(np.float64) - 32)
             else:
-                if qtype == mma.Q5_K:   # fifth bit: bit 0 (low nibble) / bit 1 (high) of the high-bit byte
+                if qtype == traits.Q5_K:   # fifth bit: bit 0 (low nibble) / bit 1 (high) of the high-bit byte
                     code = code | (((hb >> np.uint32(nibble)) & np.uint32(1)) << np.uint32(4))
                 nm = _value((neg_m[2 * nibble + pair] >> sh) & np.uint32(0xFFFF), fp16)
                 want = sc * code.astype(np.float64) + nm
@@ -127,8 +128,8 @@ def test_iq2_ptx_gives_every_weight_bit_for_bit(name, fp16):
     """IQ2_XXS, IQ2_S: grid magnitudes (the grids' 8, 25, 43, and any other below 128: bf16's magic number 128 holds
     7 bits) times the scale (IQ2_S: the low and the high half each their own), with the sign nibble's bit e negating
     element e of its word; the sign registers hold the nibble's byte four times, as the kernel packs them."""
-    from glm5_shim.kernels import gguf_matmul as gm
-    qtype = getattr(mma, name)
+    from glm5_shim.kernels.gguf import tiles as gm
+    qtype = getattr(traits, name)
     assert gm.grid_table(qtype, __import__("torch").device("cpu")).max() < 128   # what the kernel relies on
     rng = np.random.default_rng(qtype + fp16)
     n = 4096
@@ -142,9 +143,9 @@ def test_iq2_ptx_gives_every_weight_bit_for_bit(name, fp16):
     regs = {"$4": words[0], "$5": words[1], "$6": signs[0], "$7": signs[1], "$8": s[0], "$9": s[1], "$10": s[2],
             "$11": s[3]}
     if mma.IQ_FOLDED[fp16]:   # the scales' -M s follow them (the kernel computes it exactly: M is a power of two)
-        first = 12 if qtype == mma.IQ2_S else 10
+        first = 12 if qtype == traits.IQ2_S else 10
         magic = float(mma.MAGIC_BF16.value if hasattr(mma.MAGIC_BF16, "value") else mma.MAGIC_BF16)
-        for j, pair in enumerate(s if qtype == mma.IQ2_S else s[:2]):
+        for j, pair in enumerate(s if qtype == traits.IQ2_S else s[:2]):
             halves = [_round_bits(-magic * _value((pair >> np.uint32(sh)) & np.uint32(0xFFFF), fp16), fp16)
                       for sh in (0, 16)]
             regs[f"${first + j}"] = halves[0] | (halves[1] << np.uint32(16))
@@ -153,7 +154,7 @@ def test_iq2_ptx_gives_every_weight_bit_for_bit(name, fp16):
         for half in range(2):
             e = 2 * pair + half
             sh = np.uint32(16 * half)
-            sc = _value((s[pair + (2 * word if qtype == mma.IQ2_S else 0)] >> sh) & np.uint32(0xFFFF), fp16)
+            sc = _value((s[pair + (2 * word if qtype == traits.IQ2_S else 0)] >> sh) & np.uint32(0xFFFF), fp16)
             neg = (nibbles[word] >> np.uint32(e)) & np.uint32(1)
             want = _round_bits(sc * mags[word, e].astype(np.float64), fp16) | (neg << np.uint32(15))
             got = (out[reg] >> sh) & np.uint32(0xFFFF)

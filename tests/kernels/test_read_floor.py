@@ -37,7 +37,7 @@ def test_read_weight_sums_every_word():
 
 
 def test_rows_need_not_be_whole_words_where_an_expert_is():
-    # IQ2_XXS: a row of 256 values is 66 bytes (session 11's bench stopped here); an expert of 6 such rows is 99 words
+    # IQ2_XXS: a row of 256 values is 66 bytes (the 2026-12-03 bench stopped here); an expert of 6 such rows is 99 words
     g = torch.Generator().manual_seed(5)
     w = torch.randint(0, 256, (3, 6, 66), dtype=torch.uint8, generator=g)
     out = rf.read_experts(w, torch.tensor([2, -1, 0], dtype=torch.int32))

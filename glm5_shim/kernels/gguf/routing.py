@@ -1,27 +1,22 @@
-"""Which GGUF tensors the shim's own matmul kernels compute (``glm5_shim/kernels/gguf_matmul.py``); the rest keep
+"""Which GGUF tensors the shim's own matmul kernels compute (``glm5_shim/kernels/gguf/tiles.py``); the rest keep
 vLLM's ggml kernels.  One home for the rule: the kernels, the vLLM dispatch, doctor and inspect all ask here."""
 from __future__ import annotations
 
 import gguf
 
-from .dequant import is_float_type
+from glm5_shim.gguf.dequant import is_float_type
+from glm5_shim.kernels.gguf import traits
 
 _T = gguf.GGMLQuantizationType
-# Every type the kernels read, in the order GLM-5 files use them most (Q4_K_M: Q4_K experts, Q6_K down/lm_head;
-# Q8_0; Q5_K in _M mixes; then the low-bit mixes and the UD-IQ files' types).  All passed the GPU tests on the H200
-# (tests/gpu/test_gguf_matmul_gpu.py, 2026-12-02 session 6).
-SHIM_KERNEL_TYPES = (int(_T.Q4_K), int(_T.Q6_K), int(_T.Q5_K), int(_T.Q8_0), int(_T.Q2_K), int(_T.Q3_K),
-                     int(_T.IQ4_XS), int(_T.IQ4_NL), int(_T.IQ2_XXS), int(_T.IQ2_S), int(_T.IQ3_XXS), int(_T.IQ3_S),
-                     int(_T.IQ2_XS), int(_T.IQ1_S), int(_T.IQ1_M), int(_T.Q5_0), int(_T.Q4_0), int(_T.Q4_1),
-                     int(_T.Q5_1))
+SHIM_KERNEL_TYPES = traits.TILE_TYPES  # every type the kernels read (all GPU-tested: tests/gpu/test_gguf_matmul_gpu.py)
 # Up to how many tokens vLLM's vector MoE kernel beats the shim's tile kernels, by the type of w13 (H200, TP-8
-# expert shapes, bench/RESULTS.md 2026-12-02 session 6): the 1-3-bit IQ grids cost the tile kernels 11-17
+# expert shapes, bench/journal/2026-12-02.md): the 1-3-bit IQ grids cost the tile kernels 11-17
 # instructions a weight, so there vLLM wins to T = 32 (IQ2_S's tiles: 107 vs 59 µs at T = 1, 1677 vs 1237 at 32)
 # and the shim from T = 256 (2657 vs 9742); IQ4_XS to T = 8 (326 vs 338), the shim from 32 (903 vs 1227).  IQ4_NL
 # shares IQ4_XS's decode and was not measured apart.  Where vLLM's kernels are trusted with the activations, such
 # calls go to vLLM.  Not IQ3_S: see VLLM_MISDECODED_TYPES.  Not IQ2_XXS, IQ2_S and IQ3_XXS: on the register-MMA
-# kernel (IQ2_XXS since session 7: 28 vs vLLM's 64 µs at T = 1, 330 vs 1390 at 32; IQ2_S since session 8: 31 vs 59,
-# 359 vs 1238; IQ3_XXS since session 22: 27 vs 59, 117 vs 329 at 8, 290 vs 1243 at 32).
+# kernel (IQ2_XXS since 2026-12-03: 28 vs vLLM's 64 µs at T = 1, 330 vs 1390 at 32; IQ2_S since 2026-12-03: 31 vs 59,
+# 359 vs 1238; IQ3_XXS since 2026-12-06: 27 vs 59, 117 vs 329 at 8, 290 vs 1243 at 32).
 VLLM_MOE_DECODE_TOKENS = {int(_T.IQ2_XS): 32, int(_T.IQ1_S): 32, int(_T.IQ1_M): 32, int(_T.IQ4_XS): 8,
                           int(_T.IQ4_NL): 8}
 # Types vLLM 0.23's ggml kernels decode wrongly, which the shim never hands them.  IQ3_S: vLLM's grid
@@ -29,24 +24,24 @@ VLLM_MOE_DECODE_TOKENS = {int(_T.IQ2_XS): 32, int(_T.IQ1_S): 32, int(_T.IQ1_M): 
 # 15.5 where today's files mean 15 (the gguf package and llama.cpp agree on 15): the largest weights of every
 # sub-block come out 3.3 % too large, ~2 % per matrix and 3.9 % through a gated MoE on the H200 (2026-12-02).
 VLLM_MISDECODED_TYPES = (int(_T.IQ3_S),)
-# Types whose decode-sized MoE passes run on the register-MMA kernels (kernels/gguf_mma.py) by default
-# (GLM5_SHIM_GGUF_DECODE=tile keeps the tile kernels).  Measured on the H200 (bench/RESULTS.md, 2026-12-02 session 6;
-# IQ2_XXS 2026-12-03 session 7, IQ2_S session 8): 1.1-2.5x faster than the tile kernels at TP-8 MoE shapes, T = 1-64
-# (IQ2_XXS 3.7-5x, IQ2_S 3.5-4.6x).  IQ3_XXS, IQ3_S, Q2_K since session 22 (bench/results/2026-12-06-s22-decode.md),
+# Types whose decode-sized MoE passes run on the register-MMA kernels (kernels/gguf/register_mma.py) by default
+# (GLM5_SHIM_GGUF_DECODE=tile keeps the tile kernels).  Measured on the H200 (bench/journal/2026-12-02.md;
+# IQ2_XXS 2026-12-03, IQ2_S 2026-12-03): 1.1-2.5x faster than the tile kernels at TP-8 MoE shapes, T = 1-64
+# (IQ2_XXS 3.7-5x, IQ2_S 3.5-4.6x).  IQ3_XXS, IQ3_S, Q2_K since 2026-12-06 (bench/results/2026-12-06-s22-decode.md),
 # µs at T = 1 / 8 / 32 / 64, register-MMA against the tile kernels: IQ3_XXS 27 / 117 / 290 / 372 vs 174 / 966 / 2620 /
 # 3535, IQ3_S 29 / 126 / 307 / 401 vs 164 / 1024 / 2752 / 3725, Q2_K 20 / 75 / 202 / 248 vs 52 / 262 / 625 / 831.
 MMA_DECODE_TYPES = (int(_T.Q4_K), int(_T.Q6_K), int(_T.Q5_K), int(_T.Q8_0), int(_T.IQ2_XXS), int(_T.IQ2_S),
                     int(_T.IQ3_XXS), int(_T.IQ3_S), int(_T.Q2_K))
 # Of those, the types whose dense linears at 1-8 rows run there too: Q8_0's dense decode was as fast or faster on the
-# tile kernel (q_a+kv_a 24.4 vs 26.3 µs, session 7), the K-quants' 10-40 % and IQ2_XXS's and IQ2_S's 2.3-4x faster
-# on the register-MMA kernels (IQ2_S lm_head 66 vs 255 µs, q_a+kv_a 19 vs 44; session 8); session 22, lm_head at 1 /
+# tile kernel (q_a+kv_a 24.4 vs 26.3 µs, 2026-12-03), the K-quants' 10-40 % and IQ2_XXS's and IQ2_S's 2.3-4x faster
+# on the register-MMA kernels (IQ2_S lm_head 66 vs 255 µs, q_a+kv_a 19 vs 44; 2026-12-03); 2026-12-06, lm_head at 1 /
 # 32 rows: IQ3_XXS 52 / 96 vs 379 / 397, IQ3_S 62 / 98 vs 402 / 433, Q2_K 33 / 79 vs 87 / 108.
 MMA_LINEAR_TYPES = (int(_T.Q4_K), int(_T.Q6_K), int(_T.Q5_K), int(_T.IQ2_XXS), int(_T.IQ2_S), int(_T.IQ3_XXS),
                     int(_T.IQ3_S), int(_T.Q2_K))
 # Up to how many rows a dense linear of those types stays on the register-MMA kernel (measured below in 8-row
-# programs, each re-reading the weight from L2 after the first; since session 12 one program takes up to 32 rows,
+# programs, each re-reading the weight from L2 after the first; since 2026-12-03 one program takes up to 32 rows,
 # gguf_mma.cols_for); a type not listed stops at 8 rows (gguf_mma.TOKENS).
-# H200, session 9, µs at 16 / 32 / 64 rows, register-MMA against the tile kernel, every GLM-5 TP-8 dense shape:
+# H200, 2026-12-03, µs at 16 / 32 / 64 rows, register-MMA against the tile kernel, every GLM-5 TP-8 dense shape:
 #   IQ2_XXS  lm_head 108 / 205 / 388 vs 237 / 254 / 256, q_a+kv_a 21 / 34 / 65 vs 42 / 47 / 48, o_proj 16 / 28 / 46
 #            vs 36 / 39 / 41, shared down 4.2 / 6.0 / 7.8 vs 9.5 / 13.6 / 15.0 (both IQ types faster in all nine
 #            shapes at 16 and 32 rows; at 64 slower in five (IQ2_XXS) and seven (IQ2_S))
@@ -54,7 +49,7 @@ MMA_LINEAR_TYPES = (int(_T.Q4_K), int(_T.Q6_K), int(_T.Q5_K), int(_T.IQ2_XXS), i
 #            at 16 rows, so the K-quants keep 8 (Q6_K and Q8_0 slower in most shapes from 16)
 # (the tiles then were one 64-row tile and a sum launch; the 32-row self-summing tiles that 17-32 rows run since
 # were not measured against the IQ types' register-MMA linears)
-# (session 22: IQ3_XXS, IQ3_S and Q2_K at 32 rows faster than the tiles on lm_head, above)
+# (2026-12-06: IQ3_XXS, IQ3_S and Q2_K at 32 rows faster than the tiles on lm_head, above)
 MMA_LINEAR_MAX_ROWS = {int(_T.IQ2_XXS): 32, int(_T.IQ2_S): 32, int(_T.IQ3_XXS): 32, int(_T.IQ3_S): 32,
                        int(_T.Q2_K): 32}
 # Up to how many routed rows an expert (T x top_k / experts) every MoE takes the decode regime (gguf_matmul.moe_plan:
@@ -63,7 +58,7 @@ MOE_DECODE_MAX_ROWS_PER_EXPERT = 4
 # Up to how many routed rows an expert (T x top_k / experts) a MoE whose two passes both run on the register-MMA
 # kernels stays in the decode regime (moe_align's blocks of 8, 16 or 32 rows, gguf_mma.cols_for, each block reading
 # its expert's weights) instead of the prefill tiles; a type not listed keeps the regimes' common threshold
-# (MOE_DECODE_MAX_ROWS_PER_EXPERT).  H200, TP-8 shapes, session 12, µs register-MMA in blocks of 8 / 16
+# (MOE_DECODE_MAX_ROWS_PER_EXPERT).  H200, TP-8 shapes, 2026-12-03, µs register-MMA in blocks of 8 / 16
 # / 32 rows, prefill tiles (vLLM on bf16 weights 637 / 657 / 801 / 882 at 8 / 16 / 32 / 64 rows):
 #   8 rows (T = 256):   Q4_K 420 / 407 / 545, 849;  Q5_K 529 / 482 / 664, 954;  Q6_K 820 / 661 / 746, 2939;
 #                       Q8_0 1198 / 922 / 985, 1472;  IQ2_XXS 700 / 557 / 700, 2448
@@ -72,7 +67,7 @@ MOE_DECODE_MAX_ROWS_PER_EXPERT = 4
 #   32 (T = 1024):      Q4_K 1250 / 1109 / 1103, 926;  Q5_K 1557 / 1246 / 1248, 1027;  Q6_K 2484 / 1573 / 1212, 3020;
 #                       Q8_0 3629 / 2291 / 1641, 1541;  IQ2_XXS 2110 / 1381 / 1186, 2513
 #   64 (T = 2048):      Q6_K 4619 / 2814 / 2027, 4288;  IQ2_XXS 3961 / 2497 / 2007, 3706 (dequantized: 2377, 2125)
-# (IQ2_S: IQ2_XXS's limit, not measured past 8 rows.)  H100, session 23 (bench/RESULTS.md),
+# (IQ2_S: IQ2_XXS's limit, not measured past 8 rows.)  H100, 2026-12-06 (bench/journal/2026-12-06.md),
 # register-MMA in blocks of 8 / 16 / 32 rows, prefill tiles, dequantized (vLLM on bf16 weights 870 / 897 / 997):
 #   8 rows (T = 256):   IQ3_XXS 580 / 480 / 642, 3808, 2163;  IQ3_S 656 / 548 / 653, 4203, 2201;
 #                       Q2_K 406 / 341 / 491, 1114, 2155
@@ -80,7 +75,7 @@ MOE_DECODE_MAX_ROWS_PER_EXPERT = 4
 #                       Q2_K 662 / 488 / 547, 1140, 2189
 #   32 (T = 1024):      IQ3_XXS 1748 / 1170 / 1075, 3870, 2238;  IQ3_S 2027 / 1353 / 1120, 4261, 2289;
 #                       Q2_K 1175 / 829 / 878, 1193, 2239
-# and session 24 (H100, bench/results/2026-12-06-s24a-gguf_matmul.md; vLLM on bf16 weights 1076, 1412):
+# and 2026-12-06 (H100, bench/results/2026-12-06-s24a-gguf_matmul.md; vLLM on bf16 weights 1076, 1412):
 #   64 (T = 2048):      IQ3_XXS 3301 / 2158 / 1860, 5728, 2312;  IQ3_S 3842 / 2494 / 1943, 6293, 2349;
 #                       Q2_K 2178 / 1498 / 1555, 1800, 2309
 #   128 (T = 4096):     IQ3_XXS 32 rows 3383, 9562, 2763;  IQ3_S 3558, 10503, 2788;  Q2_K 2827, 3096, 2754
@@ -106,17 +101,17 @@ MMA_MOE_MAX_BLOCK_ROWS = {int(_T.Q4_K): 16, int(_T.Q5_K): 16, int(_T.Q2_K): 16}
 # From how many routed rows an expert a MoE not on the register-MMA kernels (past their limit above, or a type or
 # setting they do not take) dequantizes its experts to the activation dtype a chunk at a time and multiplies 16-bit
 # tiles (gguf_matmul._moe_dequantized: a weight decoded once a call) instead of decoding weight tiles in every 64-row
-# block (the prefill tiles).  H200, TP-8 shapes, session 12, µs,
+# block (the prefill tiles).  H200, TP-8 shapes, 2026-12-03, µs,
 # prefill tiles / dequantized (best tile shape) at 128 and 256 rows an expert (T = 4096, 8192; vLLM on bf16 weights
 # 1256, 2088): Q4_K 2376 / 2534, 4315 / 3430;  Q5_K 2655 / 2582, 4736 / 3520;  Q6_K 7074 / 2653, 12518 / 3593;
 # Q8_0 3840 / 2606, 6780 / 3547;  IQ2_XXS 6144 / 2391, 10967 / 3335; at 64 rows Q8_0 2275 / 2355.  The dequantizing
 # path costs ~1.8 ms whatever T (its dequantization of every expert), so the K-quants' tiles stay below 128 rows.
-# The other types were not timed on the dequantizing path (GPU-tested only); their tiles (session 6: Q2_K, Q3_K,
+# The other types were not timed on the dequantizing path (GPU-tested only); their tiles (2026-12-02: Q2_K, Q3_K,
 # IQ4_XS/NL, Q4_0, Q5_0 1.0-1.6 ms at 8-32 rows; IQ1/IQ3/IQ2_XS 2.4-4.4 ms already at 8 rows) grow with each 64-row
 # block as the measured types' do, so they switch where every measured type's dequantized path had won: IQ1/IQ3/
 # IQ2_XS (tiles already slower than the IQ2_XXS dequantized path at 8 rows) from 64 rows, the rest from 128.
 # (Q6_K and IQ2 at 64 rows: 2377 and 2125 µs dequantized against 4288 and 3706 on the tiles, where the register-MMA
-# kernels, at 64 rows the faster, do not take them.)  Q2_K, H200, session 24 (bench/results/2026-12-06-s24b-*), µs
+# kernels, at 64 rows the faster, do not take them.)  Q2_K, H200, 2026-12-06 (bench/results/2026-12-06-s24b-*), µs
 # tiles / dequantized: 1224 / 1815 at 32 rows, 2441 / 1982 at 96 (the tiles grow 19 µs a row, the dequantized path
 # 2.6: even near 66 rows), so past its register-MMA limit (64) Q2_K dequantizes.
 MOE_DEQUANT_DEFAULT_MIN_ROWS = 128
@@ -128,9 +123,9 @@ K_MULTIPLE = 256  # the kernels step through K in half super-blocks; GLM-5's inp
 
 # A MoE whose w13 runs on the register-MMA kernel but whose w2 is an IQ type vLLM's vector kernel decodes faster
 # than the tile kernels (e.g. IQ2_XXS gate/up with an IQ3_XXS down): vLLM up to this many tokens.  Measured on the
-# UD-IQ2_M mix of the rank-of-8 slice while its IQ2_S down ran on the tile kernel (session 7, H200): 1 token, shim
+# UD-IQ2_M mix of the rank-of-8 slice while its IQ2_S down ran on the tile kernel (2026-12-03, H200): 1 token, shim
 # 63 µs a layer (IQ2_XXS register-MMA 19 + IQ2_S tile 36 + align and sum) against vLLM's 52; 32 tokens, shim 603
-# against vLLM's 1366.  That mix no longer meets the rule (IQ2_S is on the register-MMA kernel since session 8).
+# against vLLM's 1366.  That mix no longer meets the rule (IQ2_S is on the register-MMA kernel since 2026-12-03).
 MIXED_VLLM_MOE_DECODE_TOKENS = 1
 
 
@@ -173,22 +168,22 @@ def shim_kernel_covers(ggml_type: int, k: int) -> bool:
 
 # Weights the loader repacks once so the kernels' code loads are aligned (kernels/gguf_mma.pack; 16 bytes, IQ2 8; the
 # same bytes moved, so the products are bit-equal): the file's Q8_0 (34-byte) and Q6_K (210-byte) blocks are only 2-byte
-# aligned.  H200, TP-8 shapes, session 17 (bench/RESULTS.md), register-MMA kernels, µs file -> packed: Q8_0 MoE 38 -> 22
+# aligned.  H200, TP-8 shapes, bench/journal/2026-12-05.md, register-MMA kernels, µs file -> packed: Q8_0 MoE 38 -> 22
 # (T = 1), 529 -> 279 (32), 718 -> 347 (64: 75 % of the floor); Q6_K MoE 33 -> 26, 379 -> 285, 508 -> 392; lm_head Q8_0
 # 104 -> 43, Q6_K 77 -> 52 (1 row; vLLM's vector kernel 60 and 64).  IQ2_XXS (66-byte) and IQ2_S (82-byte) blocks,
-# 8-byte code loads packed: H200, session 22, MoE 5-11 % faster (IQ2_XXS 266.0 -> 235.9 µs at T = 32), lm_head at 32
-# rows 95.8 -> 81.8; H100, session 23, IQ2_XXS MoE 379 -> 353 (T = 128), 456 -> 421 (256), 1056 -> 977 (1024); H200,
-# session 24: IQ2_XXS MoE 268 -> 237 (T = 32), 668 -> 625 (512), 1072 -> 995 (1024), lm_head 44.5 -> 41.3 (1 row), 96.6
+# 8-byte code loads packed: H200, 2026-12-06, MoE 5-11 % faster (IQ2_XXS 266.0 -> 235.9 µs at T = 32), lm_head at 32
+# rows 95.8 -> 81.8; H100, 2026-12-06, IQ2_XXS MoE 379 -> 353 (T = 128), 456 -> 421 (256), 1056 -> 977 (1024); H200,
+# 2026-12-06: IQ2_XXS MoE 268 -> 237 (T = 32), 668 -> 625 (512), 1072 -> 995 (1024), lm_head 44.5 -> 41.3 (1 row), 96.6
 # -> 83.0 (32); IQ2_S MoE 272 -> 254 (T = 32) and lm_head 53.0 -> 45.8 (1 row) but MoE 615 -> 667 (512) and 1003 -> 1068
 # (1024) in 32-row blocks: kept packed for decode, the 16-32-rows-an-expert prefill chunk 6-8 % slower (an IQ2_S down
 # projection alone: a third of those bytes).  Outputs bit-equal on every serving plan (tests/gpu/test_gguf_mma_gpu.py).
 # Linears and experts only: vLLM's embedding lookup reads the file's layout. GLM5_SHIM_GGUF_PACK=0 keeps the file's
 # layout.
-LOAD_PACKED_TYPES = (int(_T.Q8_0), int(_T.Q6_K), int(_T.IQ2_XXS), int(_T.IQ2_S))
+LOAD_PACKED_TYPES = traits.LOAD_PACKED_TYPES
 # A packed weight's type, as the loader records it in its layer (qweight_type.weight_type / shard_weight_type), so
 # that the type alone routes every call: vLLM's kernels never see it (vllm_decodes), the shim's read it packed
 PACKED_TYPE_OFFSET = 1 << 10
-# The same types' dense linears at 1-8 rows run on the register-MMA kernels once packed (session 17, µs, packed
+# The same types' dense linears at 1-8 rows run on the register-MMA kernels once packed (2026-12-05, µs, packed
 # register-MMA / tile kernel on the file's layout: lm_head Q8_0 43 / 110, q_a+kv_a 10.3 / 24.4, o_proj 8.8 / 18.6;
 # Q6_K 52 / 131, 14.1 / 24.0, 12.2 / 20.0), where the file's Q8_0 stayed on the tile kernel (MMA_LINEAR_TYPES); the
 # packed IQ2 types where their file layout does
@@ -226,12 +221,12 @@ def gguf_bf16_refused_at(capability: tuple[int, int]) -> bool:
 
 
 # Up to how many activation rows a dense linear goes to vLLM's vector kernel (``mul_mat_vec_q``), where vLLM's
-# kernels are trusted with the activations.  At one row it beats the shim's on most TP-8 shapes (H200, session 12,
+# kernels are trusted with the activations.  At one row it beats the shim's on most TP-8 shapes (H200, 2026-12-03,
 # bench/results/2026-12-03-s12-callA-iq2.md: q_a+kv_a IQ2_S 10.6 against 18.7 µs, Q6_K 15.7 against 19.5; lm_head
 # Q6_K 63 against 78), but its time grows with every row while the shim's stays flat: at 2 rows the shim's is faster
-# on 8 of 9 shapes (lm_head Q6_K 83 against 120, IQ2_XXS 58 against 128), at 4 on all.  Until session 13 vLLM kept
+# on 8 of 9 shapes (lm_head Q6_K 83 against 120, IQ2_XXS 58 against 128), at 4 on all.  Until 2026-12-04 vLLM kept
 # what it sends there itself (2 rows past 5120 outputs, else 6), and an MTP verify step's 2-row linears cost 1.57x
-# a plain step's (bench/RESULTS.md, session 13).
+# a plain step's (bench/journal/2026-12-04.md).
 VLLM_LINEAR_MAX_ROWS = 1
 VLLM_LINEAR_ROWS_TEXT = "one row" if VLLM_LINEAR_MAX_ROWS == 1 else f"1-{VLLM_LINEAR_MAX_ROWS} rows"  # for reports
 

@@ -1,9 +1,9 @@
 """Decode-sized GGUF matmuls with the weights fed to tensor cores straight from registers (Gluon; Q4_K, Q5_K, Q6_K,
 Q8_0, IQ2_XXS, IQ2_S, IQ3_XXS, IQ3_S, Q2_K).
 
-Why: the tile kernels of :mod:`gguf_matmul` decode a weight tile in one register layout and ``tl.dot`` wants it in
+Why: the tile kernels of :mod:`tiles` decode a weight tile in one register layout and ``tl.dot`` wants it in
 another, so every decoded weight went through shared memory and a barrier, and each weight cost ~8 SASS
-instructions: decode ran at 12-30 % of the memory floor (bench/RESULTS.md).  Here the weight is the MMA's A operand
+instructions: decode ran at 12-30 % of the memory floor (bench/journal/).  Here the weight is the MMA's A operand
 (rows = output features, 16 a warp and instruction; the N side is 8 routed tokens, mma.m16n8k16 — or 16 / 32 tokens,
 2 / 4 instructions on the same weight fragment: COLS), and each thread loads exactly the bytes its A fragments need:
 
@@ -36,7 +36,7 @@ next half super-block are issued before the current one is decoded (Gluon has no
 IQ2_XXS, IQ2_S: a thread's 32 values are one sub-block (4 grid rows of 8), each grid row one 8-byte gather from the
 grid table, the row's sign byte (IQ2_XXS: 7 bits and their parity, a popc) multiplied into the 16-bit sign bits, and
 one FMA a weight pair for magic number and scale together in bf16 (X_ORDER_IQ, _iq_asm).  Offline SASS (sm_90, w13 /
-w2 pass): 5.3 / 5.9 instructions a weight for IQ2_XXS, 5.1 / 5.8 for IQ2_S, from 7.5 / 7.8 and 6.4 / 7.0 (session 18).
+w2 pass): 5.3 / 5.9 instructions a weight for IQ2_XXS, 5.1 / 5.8 for IQ2_S, from 7.5 / 7.8 and 6.4 / 7.0 (2026-12-05).
 Packed IQ2_XXS (what serving loads) has its sign words re-encoded at load so that each register's two signs are one
 shift from their bits (spread_iq2xxs_signs, _iq_weights_spread): 3.7 / 4.3 (sm_90 and sm_120), from 5.1 / 5.8.
 
@@ -44,30 +44,23 @@ Split-K launches can sum their own splits (EPILOGUE, kernels/arrivals.py), and a
 layout (ROUTING: PAIRS for w13, TOKEN_SUM for w2 with the top-k sum inside), so a decode MoE is two launches.
 
 GPU-tested on the H200 (tests/gpu/test_gguf_mma_gpu.py) and 1.1-5x faster than the tile kernels' MoE decode there
-(bench/RESULTS.md, sessions 6 and 7): the plans in :mod:`gguf_matmul` use it by default
-(``GLM5_SHIM_GGUF_DECODE=tile`` for the tile kernels); dense linears only for kernel_coverage.MMA_LINEAR_TYPES.
+(bench/journal/2026-12-02.md, 2026-12-03.md): the plans in :mod:`tiles` use it by default
+(``GLM5_SHIM_GGUF_DECODE=tile`` for the tile kernels); dense linears only for routing.MMA_LINEAR_TYPES.
 """
 
 import gguf
 import triton.language as tl
 from triton.runtime.jit import constexpr_function
 
-from glm5_shim.gguf.kernel_coverage import MMA_DECODE_TYPES
+from glm5_shim.kernels.gguf import traits
+from glm5_shim.kernels.gguf.routing import MMA_DECODE_TYPES
+from glm5_shim.kernels.gguf.traits import IQ2_S, IQ2_XXS, IQ3_S, IQ3_XXS, Q2_K, Q4_K, Q5_K, Q6_K, Q8_0
 from glm5_shim.kernels import arrivals
 from glm5_shim.kernels.gluon_compat import INTERPRET_K, DistributedLinearLayout, NVMMADistributedLayout, gl, jit, mma_v2
 
-Q8_0 = int(gguf.GGMLQuantizationType.Q8_0)
-Q4_K = int(gguf.GGMLQuantizationType.Q4_K)
-Q5_K = int(gguf.GGMLQuantizationType.Q5_K)
-Q6_K = int(gguf.GGMLQuantizationType.Q6_K)
-IQ2_XXS = int(gguf.GGMLQuantizationType.IQ2_XXS)
-IQ2_S = int(gguf.GGMLQuantizationType.IQ2_S)
-IQ3_XXS = int(gguf.GGMLQuantizationType.IQ3_XXS)
-IQ3_S = int(gguf.GGMLQuantizationType.IQ3_S)
-Q2_K = int(gguf.GGMLQuantizationType.Q2_K)
-MMA_TYPES = MMA_DECODE_TYPES          # what the plans run here (kernel_coverage: GPU-tested and measured faster)
-KERNEL_TYPES = (Q4_K, Q6_K, Q5_K, Q8_0, IQ2_XXS, IQ2_S, IQ3_XXS, IQ3_S, Q2_K)   # what the kernel computes
-GRID_TYPES = (IQ2_XXS, IQ2_S, IQ3_XXS, IQ3_S)   # the types whose launches take the grid table (gguf_matmul.grid_table)
+MMA_TYPES = MMA_DECODE_TYPES          # what the plans run here (routing: GPU-tested and measured faster)
+KERNEL_TYPES = traits.REGISTER_MMA_TYPES    # what the kernel computes
+GRID_TYPES = traits.ids(grid=True, register_mma=True)   # launches take the grid table (tiles.grid_table)
 IQ_TYPES = GRID_TYPES             # decoded by _iq_weights (a sub-block of 32 values a thread)
 TOKENS = 8                         # the MMA's N: routed rows (MoE) or activation rows (linear) a program multiplies
 COLUMN_BLOCKS = (8, 16, 32)        # what a program's N may be (COLS): a decoded weight is multiplied by that many rows
@@ -1127,13 +1120,13 @@ _mma_moe_kernel = _mma_kernel if INTERPRET_K.value else jit(_renamed(_mma_kernel
 # ----------------------------------------------------------------------------------------------------------------
 
 # Launch shape: 4 warps x `reps` row repeats = 16 x 4 x reps output features a program, K split so programs cover
-# the GPU ctas_per_sm times.  Session 11's sweeps on the H200 (bench/gguf_matmul.py --parts mma_sweep, RESULTS.md):
+# the GPU ctas_per_sm times.  The 2026-12-03 sweeps on the H200 (bench/gguf_matmul.py --parts mma_sweep):
 # 64-row programs (reps 1) against 128-row ones, TP-8 MoE at T = 1 / 8 / 32 and one dense shape at 1 row:
 #   Q4_K 16 / 15 / 16 % faster (and 27 % on q_a+kv_a; 8 warps or 2-8 programs an SM did not beat 4 warps x 4),
 #   Q5_K 19 / 4 / 1.5 %, Q8_0 9 / 2 / 2 % (lm_head 8 and 13 %): reps 1;
 #   Q6_K 8 % faster at T = 1 but 2-2.5 % slower at 8 and 32, IQ2_XXS / IQ2_S within -7..+4 %: left at 128 rows.
 # The outputs agree with the 128-row ones within 8e-4 relative (split sums in another order).
-# Loads ahead, session 25 (RESULTS.md; the same sweep on an H200 and an H100, TP-8 MoE at T = 1-64): AHEAD=2 (the
+# Loads ahead, 2026-12-06 (bench/journal/; the same sweep on an H200 and an H100, TP-8 MoE at T = 1-64): AHEAD=2 (the
 # next unit's two halves in flight) Q2_K 2-11 % faster at T >= 8 on both, Q4_K 0-5 % on the H200 and 4-13 % on the
 # H100 (same output bit for bit); Q6_K (packed) -6..+5 %, IQ2_XXS -4..+1 %: left at 1.  Under ncu (H200, Q4_K, 32
 # tokens) the w13 pass waits on loads 58 % of its stall cycles at 5.4 warps a scheduler and 44 % of DRAM bandwidth;
@@ -1151,7 +1144,7 @@ def tuning_for(qtype: int, tuning: dict | None = None) -> dict:
 
 def ahead_for(tuning: dict, cols: int, routing: int) -> int:
     """The AHEAD a launch takes: its tuning's, but 1 for programs wider than TOKENS rows and for the top-k sum (with
-    2 they spill: 32-row programs on every target, Q4_K's top-k sum on sm_80 and sm_120, session 25)."""
+    2 they spill: 32-row programs on every target, Q4_K's top-k sum on sm_80 and sm_120, 2026-12-06)."""
     if tuning["ahead"] not in (1, 2):
         raise ValueError(f"ahead={tuning['ahead']}: the kernel loads 1 (the next half) or 2 (the next unit) ahead")
     return tuning["ahead"] if cols == TOKENS and routing != TOKEN_SUM.value else 1
@@ -1279,10 +1272,10 @@ def linear(x, qweight, qtype: int, n: int, num_sms: int, tuning: dict | None = N
 
 
 # Q8_0_PACKED: Q8_0's bytes regrouped so that the kernel's code loads are 16-byte aligned.  The file's 34-byte blocks
-# (fp16 d, 32 int8 codes) are only 2-byte aligned, so a thread's 16 code bytes took eight 2-byte loads (session 15's
+# (fp16 d, 32 int8 codes) are only 2-byte aligned, so a thread's 16 code bytes took eight 2-byte loads (the 2026-12-04
 # table: Q8_0 at 27-36 % of its read floor, below Q4_K's 16-byte-aligned blocks although its decode is cheaper).
 # Packed, each group of 8 blocks (256 values, 272 bytes: the same size) holds its 8 d first (16 bytes), then its 256
-# codes in block order.  Exact: the same bytes, moved.  Measured on the H200 (session 17): Q8_0 MoE decode at 42-75 %
+# codes in block order.  Exact: the same bytes, moved.  Measured on the H200 (2026-12-05): Q8_0 MoE decode at 42-75 %
 # of the bandwidth floor against 24-36 % in the file's layout; serving repacks at load (loading/gguf_repack.py).
 Q8_0_GROUP_BLOCKS, Q8_0_BLOCK_BYTES = 8, gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_0][1]
 
@@ -1448,11 +1441,14 @@ def _map_sign_words(packed, nsb: int, recode) -> None:
 
 
 # the packed layouts: qtype -> (pack(w), unpack(w, k)).  Serving repacks the types of
-# kernel_coverage.LOAD_PACKED_TYPES (measured faster); a type here and not there is for the bench and tests only.
+# traits.LOAD_PACKED_TYPES (measured faster); a type here and not there is for the bench and tests only.
 PACKERS = {Q8_0: (pack_q8_0, lambda w, k: unpack_q8_0(w)),
            **{qt: (lambda w, qt=qt: pack_planar(w, qt), lambda w, k, qt=qt: unpack_planar(w, qt, k)) for qt in PLANES
               if qt != IQ2_XXS},
            IQ2_XXS: (pack_iq2_xxs, unpack_iq2_xxs)}   # planar, and its sign words re-encoded
+if set(PACKERS) != set(traits.PACKED_LAYOUT_TYPES):
+    raise AssertionError(f"register_mma.PACKERS {sorted(PACKERS)} against traits' packed layouts "
+                         f"{sorted(traits.PACKED_LAYOUT_TYPES)}")
 
 
 def packed_row_bytes(qtype: int, k: int) -> int:

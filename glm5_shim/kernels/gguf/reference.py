@@ -1,4 +1,4 @@
-"""Float64 references for :mod:`glm5_shim.kernels.gguf_matmul`, and GGUF weights to test it with.
+"""Float64 references for :mod:`glm5_shim.kernels.gguf.tiles`, and GGUF weights to test it with.
 
 The reference dequantizes with the ``gguf`` package (llama.cpp's own Python dequantizers), not with the kernel's
 decoding, and multiplies in float64.  Weights come from real quantizers (``gguf`` for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
@@ -13,8 +13,8 @@ import torch
 
 from glm5_shim.gguf import kquants
 from glm5_shim.gguf.slice.blocks import SCALE_FIELDS
-from glm5_shim.kernels.gguf_matmul import (IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL, IQ4_XS, Q2_K,
-                                          Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, block_bytes)
+from glm5_shim.kernels.gguf.traits import (IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL, IQ4_XS, Q2_K,
+                                           Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, block_bytes)
 
 # the size the fp16 scale fields are drawn around (weights ~ 1e-2); their offsets are slice/blocks.SCALE_FIELDS
 _F16_SCALE = {Q8_0: 1e-3, Q4_K: 1e-3, Q5_K: 5e-4, Q6_K: 5e-4, Q2_K: 2e-3, Q3_K: 5e-4, IQ4_NL: 1e-4,
@@ -136,7 +136,7 @@ def q2k_parts(qweight: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
 
 
 def mma_error_bound(x: torch.Tensor, qweight: torch.Tensor, qtype: int, k: int, unit: float) -> torch.Tensor:
-    """Bound on |register-MMA linear - exact| per output [M, N] (kernels/gguf_mma.py's docstring): each weight is
+    """Bound on |register-MMA linear - exact| per output [M, N] (register_mma.py's docstring): each weight is
     off by at most u (|s n| + |m| + |w|) (Q4_K, Q5_K, Q2_K: s, m rounded, then w) or 2 u |w| (Q6_K, Q8_0, IQ2_XXS,
     IQ2_S, IQ3_XXS, IQ3_S); float32 sums add K 2**-24 sum |x w|; the output's own rounding u |out| is the caller's
     (its dtype)."""

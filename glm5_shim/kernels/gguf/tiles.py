@@ -62,41 +62,19 @@ import triton
 import triton.language as tl
 
 from glm5_shim import settings
-from glm5_shim.gguf.kernel_coverage import (K_MULTIPLE, MMA_LINEAR_MAX_ROWS, MMA_LINEAR_TYPES,
+from glm5_shim.kernels.gguf.routing import (K_MULTIPLE, MMA_LINEAR_MAX_ROWS, MMA_LINEAR_TYPES,
                                             MMA_MOE_MAX_BLOCK_ROWS, MMA_MOE_MAX_ROWS_PER_EXPERT,
                                             MMA_PACKED_LINEAR_TYPES, MOE_DECODE_MAX_ROWS_PER_EXPERT,
                                             MOE_DEQUANT_DEFAULT_MIN_ROWS, MOE_DEQUANT_MIN_ROWS_PER_EXPERT,
                                             SHIM_KERNEL_TYPES)
-from glm5_shim.kernels import arrivals, gguf_mma
+from glm5_shim.kernels import arrivals
+from glm5_shim.kernels.gguf import register_mma as gguf_mma
 from glm5_shim.kernels.device import cuda_capability_and_sms
+from glm5_shim.kernels.gguf.traits import (GRID_TYPES, IQ1_M, IQ1_S, Q4_K, Q6_K, block_bytes, traits_of)
 
-Q8_0 = int(gguf.GGMLQuantizationType.Q8_0)
-Q4_K = int(gguf.GGMLQuantizationType.Q4_K)
-Q5_K = int(gguf.GGMLQuantizationType.Q5_K)
-Q6_K = int(gguf.GGMLQuantizationType.Q6_K)
-Q2_K = int(gguf.GGMLQuantizationType.Q2_K)
-Q3_K = int(gguf.GGMLQuantizationType.Q3_K)
-IQ4_NL = int(gguf.GGMLQuantizationType.IQ4_NL)
-IQ4_XS = int(gguf.GGMLQuantizationType.IQ4_XS)
-IQ2_XXS = int(gguf.GGMLQuantizationType.IQ2_XXS)
-IQ2_XS = int(gguf.GGMLQuantizationType.IQ2_XS)
-IQ2_S = int(gguf.GGMLQuantizationType.IQ2_S)
-IQ3_XXS = int(gguf.GGMLQuantizationType.IQ3_XXS)
-IQ3_S = int(gguf.GGMLQuantizationType.IQ3_S)
-IQ1_S = int(gguf.GGMLQuantizationType.IQ1_S)
-Q4_0 = int(gguf.GGMLQuantizationType.Q4_0)
-Q4_1 = int(gguf.GGMLQuantizationType.Q4_1)
-Q5_0 = int(gguf.GGMLQuantizationType.Q5_0)
-Q5_1 = int(gguf.GGMLQuantizationType.Q5_1)
-IQ1_M = int(gguf.GGMLQuantizationType.IQ1_M)
-SUPPORTED_TYPES = SHIM_KERNEL_TYPES  # what the kernels read (one home: kernel_coverage)
+SUPPORTED_TYPES = SHIM_KERNEL_TYPES  # what the kernels read (traits.TILE_TYPES)
 _INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")  # the PTX helpers need a GPU
 STEP_K = 128  # values of K each program decodes per step (half a K-quant super-block, four Q8_0 blocks)
-
-
-def block_bytes(qtype: int) -> tuple[int, int]:
-    """(values, bytes) of one block of ``qtype``."""
-    return gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(qtype)]
 
 
 def row_bytes(qtype: int, k: int, packed: bool = False) -> int:
@@ -733,7 +711,7 @@ def _q45_step(acc, xp, m_ok, wp, i, QTYPE: tl.constexpr, BF16: tl.constexpr, F32
 
     (Applying S and C to each group's dot result instead — exact codes in the dot, no weight rounded — compiled to
     379 SASS instructions a step against 557 here, yet measured 9 % (Q4_K) to 38 % (Q5_K) slower at 32 tokens on
-    the H200: bench/RESULTS.md, 2026-12-02.)"""
+    the H200: bench/journal/2026-12-02.md.)"""
     sbp, hf, s4, c4 = _q45_header(wp, i, QTYPE, F32)
     for cc in tl.static_range(2):
         lo, hi = _q45_codes(sbp, hf, cc, QTYPE, BF16, PROBE)
@@ -1017,9 +995,7 @@ def _silu_mul_splits_kernel(part_ptr, act_ptr, splits, inter, stride_ps, stride_
 # The IQ1/IQ2/IQ3 grids: gguf.quants' tables (llama.cpp's, decoded by the gguf package), rows of 8 (IQ1, IQ2) or 4
 # (IQ3) small integers, held on the device as their bytes (IQ1's -1, 0, 1 plus GRID_IQ1_OFFSET, which _grid_rows
 # takes off again).
-_GRID_QUANTS = {IQ1_S: gguf.quants.IQ1_S, IQ1_M: gguf.quants.IQ1_M, IQ2_XXS: gguf.quants.IQ2_XXS,
-                IQ2_XS: gguf.quants.IQ2_XS, IQ2_S: gguf.quants.IQ2_S, IQ3_XXS: gguf.quants.IQ3_XXS,
-                IQ3_S: gguf.quants.IQ3_S}
+_GRID_QUANTS = {t: getattr(gguf.quants, traits_of(t).name) for t in GRID_TYPES}
 GRID_IQ1_OFFSET = 1
 _grid_tables: dict[tuple[int, torch.device], torch.Tensor] = {}
 
@@ -1105,7 +1081,7 @@ def _split(tiles: int, steps: int, num_sms: int, ctas_per_sm: int) -> tuple[int,
     return triton.cdiv(steps, per_split), per_split
 
 
-# Tuning, measured on the H200 (bench/gguf_matmul.py --parts sweep; bench/RESULTS.md).  Decode: small row
+# Tuning, measured on the H200 (bench/gguf_matmul.py --parts sweep; bench/journal/).  Decode: small row
 # tiles, K split to fill the GPU.  Prefill: square tiles big enough that decoding a weight tile costs less than
 # its MMAs; above DENSE_DEQUANT_MIN_M rows a dense linear dequantizes its weight to the activation dtype in
 # row chunks and lets cuBLAS multiply (the decode cost is then paid once per weight, not once per row tile).
@@ -1114,12 +1090,12 @@ PREFILL_TUNING = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
 DENSE_DEQUANT_MIN_M = 128
 # The prefill tiles tuned per pass to the weight's type and the target's tensor cores (plan["w13"] / plan["w2"]:
 # prefill_pass_tuning; dense tiles: linear_tile_tuning), from Triton 3.6's own ptxas offline (bench/tile_sass.py,
-# bench/RESULTS.md session 22).  On the mma.sync targets (sm_80-89, sm_120/121) Q4_K's tile decodes in a layout the
+# bench/journal/2026-12-06.md).  On the mma.sync targets (sm_80-89, sm_120/121) Q4_K's tile decodes in a layout the
 # dot's right operand must be transposed from: with the weights as the left operand (SWAP) its K loop takes 1356
 # SASS instructions a step on sm_120 instead of 3035.  Q6_K's gate/up tile (two accumulators and two steps of raw
 # weights in flight) spilled 6 KB a thread there (3067 spill instructions a step); in 32-feature blocks, 8 warps and
 # SWAP it spills nothing (1022 instructions).  Not timed on an mma.sync GPU.  sm_90 (the H200, wgmma) keeps the
-# 64x64 four-warp tile: measured there (session 22, TP-8 MoE, 2048 tokens) SWAP took 1508 µs against 1418 (Q4_K), and
+# 64x64 four-warp tile: measured there (2026-12-06, TP-8 MoE, 2048 tokens) SWAP took 1508 µs against 1418 (Q4_K), and
 # 8 warps, which end Q8_0's spills, 2410 against 2285 (file layout) and 1721 against 1684 (packed).
 PREFILL_MAX_STACK = 512  # bytes a thread the tuned tiles may keep on the stack (the 64x64 Q6_K tile: 6 KB on sm_120)
 
@@ -1151,7 +1127,7 @@ def prefill_pass_tuning(qtype: int, gated: bool, capability: tuple[int, int] | N
 
 
 # Tile linears whose split planes the kernel sums itself (kernels/arrivals.py): 16- and 32-row tiles.  H200,
-# session 9, 32 rows, µs, 32-row self-summing tiles against one 64-row tile and a sum launch: Q4_K lm_head 77 / 108,
+# 2026-12-03, 32 rows, µs, 32-row self-summing tiles against one 64-row tile and a sum launch: Q4_K lm_head 77 / 108,
 # q_a+kv_a 17.1 / 24.5, o_proj 14.6 / 21.5, dense down 13.1 / 18.6; Q6_K 7-15 % faster (17 of 18 TP-8 shapes faster;
 # 16-row tiles, which re-read the weight, lost on the large Q6_K shapes: lm_head 313 against 154)
 SELF_REDUCING_MAX_BLOCK_M = 32
@@ -1184,7 +1160,7 @@ def linear_plan(m: int, n: int, k: int, num_sms: int, tuning: dict | None = None
 
 
 # Dequantization to 16 bits (dense prefill linears, prefill MoEs): rows a program, 128-value steps a program.
-# H200, session 13, 64 TP-8 experts' w13 / w2 to bf16, % of the floor (GGUF bytes read + bf16 written): 4 steps
+# H200, 2026-12-04, 64 TP-8 experts' w13 / w2 to bf16, % of the floor (GGUF bytes read + bf16 written): 4 steps
 # 69 / 80 (Q4_K), 74 / 71 (Q6_K), 73 / 77 (IQ2_XXS), 70 / 74 (Q8_0); one step 65 / 69, 68 / 58, 62 / 70, 72 / 73;
 # 16 steps, 64 rows, 8 warps no better (bench/results/2026-12-04-s13-dequant.md)
 DEQUANT_TUNING = dict(BLOCK_N=32, steps=4, num_warps=4, num_stages=3)
@@ -1242,7 +1218,7 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int, n: int | Non
     grid = (triton.cdiv(m, plan["BLOCK_M"]), triton.cdiv(n, plan["BLOCK_N"]), split)
     # the tile's last program sums the planes for 16- and 32-row tiles (H200, q_a+kv_a Q4_K: at 1 row 13.4 µs against
     # 15.5 with a sum launch, at 32 rows 17.1 against 18.8); 64-row tiles keep the sum launch (at 32 rows 34 µs a call
-    # against 24 in slice a, session 7; 25.4 against 24.5 in session 9's bench)
+    # against 24 in slice a, 2026-12-03; 25.4 against 24.5 in the 2026-12-03 bench)
     reduce = split > 1 and plan["self_reduce"] and arrivals.in_kernel(grid[0] * grid[1])
     _linear_kernel[grid](x, qweight, _grid_arg(qtype, qweight), dst, out,
                          arrivals.counters(x.device) if reduce else out, m, n, x.stride(0), qweight.stride(0),
@@ -1257,15 +1233,15 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int, n: int | Non
 
 def mma_linear_max_rows(qtype: int) -> int:
     """Up to how many rows a dense linear of this type runs on the register-MMA kernel when mma_decode allows it
-    (kernel_coverage.MMA_LINEAR_MAX_ROWS; else one program's rows)."""
+    (routing.MMA_LINEAR_MAX_ROWS; else one program's rows)."""
     return MMA_LINEAR_MAX_ROWS.get(int(qtype), gguf_mma.TOKENS)
 
 
 def mma_decode(qtype: int, k: int, dtype: torch.dtype, mma: bool | None = None,
                weight: torch.Tensor | None = None, linear: bool = False, packed: bool = False) -> bool:
-    """Whether a decode-sized product of this weight runs on the register-MMA kernels (kernels/gguf_mma.py):
+    """Whether a decode-sized product of this weight runs on the register-MMA kernels (kernels/gguf/register_mma.py):
     GLM5_SHIM_GGUF_DECODE=mma (the default; or ``mma``), a type and dtype they cover (a dense ``linear``: one of
-    kernel_coverage.MMA_LINEAR_TYPES, or of MMA_PACKED_LINEAR_TYPES when ``packed``), and rows aligned as they
+    routing.MMA_LINEAR_TYPES, or of MMA_PACKED_LINEAR_TYPES when ``packed``), and rows aligned as they
     load them."""
     wanted = settings.gguf_decode_choice() == "mma" if mma is None else mma
     # mma=True (a plan's explicit ask: the bench, the tests) takes every type the kernel computes
@@ -1278,7 +1254,7 @@ def mma_decode(qtype: int, k: int, dtype: torch.dtype, mma: bool | None = None,
 
 def mma_moe_block_rows(rows: float, qtype13: int, qtype2: int) -> int:
     """moe_align's block on the register-MMA kernels for ``rows`` rows an expert (gguf_mma.cols_for), at most
-    kernel_coverage.MMA_MOE_MAX_BLOCK_ROWS of either type."""
+    routing.MMA_MOE_MAX_BLOCK_ROWS of either type."""
     cap = min(MMA_MOE_MAX_BLOCK_ROWS.get(int(q), gguf_mma.COLUMN_BLOCKS[-1]) for q in (qtype13, qtype2))
     return min(gguf_mma.cols_for(rows), cap)
 
@@ -1340,8 +1316,8 @@ def moe_plan(num_tokens: int, top_k: int, num_experts: int, tuning: dict | None 
 # Prefill-sized MoEs (many rows an expert): each pass dequantizes its experts to the activation dtype, a chunk of
 # experts at a time (at most MOE_DEQUANT_CHUNK_BYTES of scratch, or one expert's weights if they are larger), and
 # multiplies them in 16-bit tiles (_moe_dense_kernel), so a weight is decoded once a call however many row blocks
-# its expert has.  From how many routed rows an expert: kernel_coverage.MOE_DEQUANT_MIN_ROWS_PER_EXPERT.
-# Tile shape: H200, TP 8, session 12, µs at T = 8192 with 64x64 / 128x64 (8 warps) / 128x128 (8 warps, 3 stages; 96
+# its expert has.  From how many routed rows an expert: routing.MOE_DEQUANT_MIN_ROWS_PER_EXPERT.
+# Tile shape: H200, TP 8, 2026-12-03, µs at T = 8192 with 64x64 / 128x64 (8 warps) / 128x128 (8 warps, 3 stages; 96
 # KiB of shared memory on sm_120) / the same in 2 stages: Q4_K 3802 / 3591 / 3430 / 4215, Q6_K 3951 / 3747 / 3593 /
 # 4389, IQ2_XXS 3688 / 3500 / 3335 / 4130 (and the same order at 4096)
 MOE_DEQUANT_CHUNK_BYTES = 512 << 20
@@ -1443,7 +1419,7 @@ def moe_regime(plan: dict) -> str:
 
 
 def _dequant_regime(rows_per_expert: float, dtype: torch.dtype, qtype13: int, qtype2: int) -> bool:
-    """True where a MoE this size dequantizes its experts (kernel_coverage.MOE_DEQUANT_MIN_ROWS_PER_EXPERT: the
+    """True where a MoE this size dequantizes its experts (routing.MOE_DEQUANT_MIN_ROWS_PER_EXPERT: the
     larger of its two types' thresholds); 16-bit activations only (MOE_DEQUANT_TUNING's tiles are sized for them:
     in float32 they would not fit sm_120's shared memory)."""
     threshold = max(MOE_DEQUANT_MIN_ROWS_PER_EXPERT.get(int(q), MOE_DEQUANT_DEFAULT_MIN_ROWS)
@@ -1454,7 +1430,7 @@ def _dequant_regime(rows_per_expert: float, dtype: torch.dtype, qtype13: int, qt
 def _mma_regime(rows_per_expert: float, dtype, w13, w2, qtype13: int, qtype2: int, h: int, inter: int,
                 packed: tuple[bool, bool] = (False, False)) -> bool | None:
     """True where a MoE past the common decode threshold stays in the decode regime because both its passes run
-    on the register-MMA kernels and kernel_coverage.MMA_MOE_MAX_ROWS_PER_EXPERT says they are faster there; None
+    on the register-MMA kernels and routing.MMA_MOE_MAX_ROWS_PER_EXPERT says they are faster there; None
     (moe_plan decides by the common threshold) otherwise."""
     if rows_per_expert <= MOE_DECODE_MAX_ROWS_PER_EXPERT:
         return None
@@ -1491,7 +1467,7 @@ def _moe_decode(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan: dict,
     weight (mma_decode), else on the tile kernel:
 
     * w13 split over K, the last program of each tile writing SiLU(gate) * up of the split sums (one launch;
-      plan["fused_epilogues"] = False: session 6's float32 planes and a SiLU launch, for the bench);
+      plan["fused_epilogues"] = False: the 2026-12-02 float32 planes and a SiLU launch, for the bench);
     * w2 times the routing weights, then the top-k sum.
     Up to MOE_DIRECT_MAX_TOKENS tokens (or plan["direct"]) the register-MMA passes skip the routing layout: w13
     takes one routed pair a block and w2 one token a block, summing its top-k slots itself (the call is then two
@@ -1511,7 +1487,7 @@ def _moe_decode(x, w13, w2, topk_weights, topk_ids, qtype13, qtype2, plan: dict,
     fused = plan.get("fused_epilogues", True)
     direct = fused and plan.get("direct", t <= MOE_DIRECT_MAX_TOKENS)
     # rows of a sorted block on the register MMA: for twice the mean rows an expert (experts' shares of a uniform
-    # routing spread around the mean; kernel_coverage's session-12 table: 16-row blocks fastest at 8 rows an expert)
+    # routing spread around the mean; routing's 2026-12-03 table: 16-row blocks fastest at 8 rows an expert)
     cols = plan.get("mma_cols") or mma_moe_block_rows(2 * pairs / e, qtype13, qtype2)
     routes: dict[int, tuple] = {}
 

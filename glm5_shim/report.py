@@ -35,18 +35,19 @@ import gguf
 
 from glm5_shim import settings
 
-from .config import build_hf_config, indexer_layout
-from .kernel_coverage import (LOAD_PACKED_TYPES, MMA_DECODE_TYPES, VLLM_LINEAR_ROWS_TEXT, VLLM_MISDECODED_TYPES,
-                              VLLM_MOE_DECODE_TOKENS, kernel_path, mma_moe_rows_text)
-from .errors import GGUFError
-from .load_plan import MTP_FLAG, LoadPlan, mtp_draft_problem, plan_load, plan_tensors
-from . import memory
-from .memory import GIB, ServeAssumptions, context_table, format_context_table
-from .reader import GLM_DSA_ARCH, GGUFModel, open_gguf
-from .tensor_map import ROLE_EXPERTS, TP_REPLICATED, build_tensor_map
-from .tp_split import clean_tp_sizes, split_problems
-from .type_policy import ACTIONS, KEEP, gpu_bytes
-from .validate import validate_model
+from glm5_shim.gguf.config import build_hf_config, indexer_layout
+from glm5_shim.kernels.gguf.routing import (LOAD_PACKED_TYPES, MMA_DECODE_TYPES, VLLM_LINEAR_ROWS_TEXT,
+                                            VLLM_MISDECODED_TYPES, VLLM_MOE_DECODE_TOKENS, kernel_path,
+                                            mma_moe_rows_text)
+from glm5_shim.gguf.errors import GGUFError
+from glm5_shim.gguf.load_plan import MTP_FLAG, LoadPlan, mtp_draft_problem, plan_load, plan_tensors
+from glm5_shim.gguf import memory
+from glm5_shim.gguf.memory import GIB, ServeAssumptions, context_table, format_context_table
+from glm5_shim.gguf.reader import GLM_DSA_ARCH, GGUFModel, open_gguf
+from glm5_shim.gguf.tensor_map import ROLE_EXPERTS, TP_REPLICATED, build_tensor_map
+from glm5_shim.gguf.tp_split import clean_tp_sizes, split_problems
+from glm5_shim.gguf.type_policy import ACTIONS, KEEP, gpu_bytes
+from glm5_shim.gguf.validate import validate_model
 
 TP_SIZES = (1, 2, 4, 8)
 
@@ -77,7 +78,7 @@ def load_actions(plan: LoadPlan) -> dict[str, int]:
 
 def matmul_paths(plan: LoadPlan, shim_kernels: bool = True) -> dict[str, dict[str, int]]:
     """Which GGUF matmul runs each quantized weight vLLM receives: {"shim": {type: tensors}, "vllm": {...}}
-    (gguf/kernel_coverage.py decides; the embedding is a row lookup, not a matmul, and is left out)."""
+    (kernels/gguf/routing.py decides; the embedding is a row lookup, not a matmul, and is left out)."""
     out: dict[str, Counter] = {"shim": Counter(), "vllm": Counter()}
     for t in plan.tensors:
         name = t.vllm_type
@@ -203,7 +204,7 @@ def is_other_architecture(arch: str | None) -> bool:
 
 def other_architecture(path: str | Path) -> str | None:
     """The file's general.architecture when it is a readable GGUF of another architecture than glm-dsa; else None."""
-    from .probe import gguf_architecture
+    from glm5_shim.gguf.probe import gguf_architecture
 
     arch = gguf_architecture(path)
     return arch if is_other_architecture(arch) else None
@@ -397,7 +398,7 @@ def run_inspect(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m glm5_shim.gguf.report",
+    parser = argparse.ArgumentParser(prog="python -m glm5_shim.report",
                                      description="Summarise a GLM-5 (glm-dsa) GGUF.")
     add_inspect_arguments(parser)
     return run_inspect(parser.parse_args(argv))
