@@ -40,28 +40,17 @@ def config_key(cfg: dict) -> str:
 
 def _target_fingerprints(cc: int) -> dict:
     os.environ.pop("TRITON_INTERPRET", None)
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    from glm5_shim.kernels.gguf import tiles as gm
-    from glm5_shim.kernels.gguf import register_mma as gguf_mma
+    from glm5_shim.kernels.gguf import register_mma
+    from glm5_shim.kernels.gguf import tiles
 
     out = {}
-    for cfg in gm.kernel_configs() + gguf_mma.kernel_configs():
-        if cfg.get("family") == "mma" and not gm.mma_sync_target((cc // 10, cc % 10)):
+    for cfg in tiles.kernel_configs() + register_mma.kernel_configs():
+        if cfg.get("family") == "mma" and not tiles.mma_sync_target((cc // 10, cc % 10)):
             continue
-        kernel = cfg["kernel"]
-        names = kernel.arg_names
-        sig = dict(cfg["signature"], **{k: "constexpr" for k in cfg["constexprs"]})
-        attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in cfg["divisible_by_16"]}
-        source = GluonASTSource if cfg.get("gluon") else triton.compiler.ASTSource
-        src = source(kernel, sig, constexprs=cfg["constexprs"], attrs=attrs)
         key = config_key(cfg)
         try:
-            k = triton.compile(src, target=GPUTarget("cuda", cc, 32),
-                               options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
-            out[key] = hashlib.sha256(normalized_ptx(k.asm["ptx"]).encode()).hexdigest()[:16]
+            ptx = tiles.compile_offline(cfg, cc).asm["ptx"]
+            out[key] = hashlib.sha256(normalized_ptx(ptx).encode()).hexdigest()[:16]
         except Exception as e:  # recorded, compared like a hash
             out[key] = f"error {type(e).__name__}"
     return out

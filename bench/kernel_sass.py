@@ -21,8 +21,6 @@ import tempfile
 
 import gguf
 import triton
-from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon._runtime import GluonASTSource
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -38,13 +36,7 @@ BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin"
 
 
 def compile_sass(cfg: dict, cc: int) -> tuple[str, str]:
-    kernel = cfg["kernel"]
-    sig = dict(cfg["signature"], **{k: "constexpr" for k in cfg["constexprs"]})
-    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in cfg["divisible_by_16"]}
-    src = (GluonASTSource if cfg.get("gluon") else triton.compiler.ASTSource)(kernel, sig, constexprs=cfg["constexprs"],
-                                                                              attrs=attrs)
-    k = triton.compile(src, target=GPUTarget("cuda", cc, 32),
-                       options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
+    k = gm.compile_offline(cfg, cc)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(k.asm["cubin"])
         f.flush()

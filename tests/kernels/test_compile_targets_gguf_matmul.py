@@ -19,8 +19,6 @@ _SCRIPT = textwrap.dedent(
     r"""
     import json, os, re, subprocess, sys, tempfile
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
     from glm5_shim.kernels.gguf import register_mma as gguf_mma, tiles as gm
 
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
@@ -30,18 +28,13 @@ _SCRIPT = textwrap.dedent(
             continue
         kernel = cfg["kernel"]
         names = kernel.arg_names
-        sig = dict(cfg["signature"], **{k: "constexpr" for k in cfg["constexprs"]})
-        attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in cfg["divisible_by_16"]}
-        source = GluonASTSource if cfg.get("gluon") else triton.compiler.ASTSource
-        src = source(kernel, sig, constexprs=cfg["constexprs"], attrs=attrs)
         rec = {"name": cfg["name"], "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"],
                "gluon": bool(cfg.get("gluon")),
                # named here as constexprs, but a run-time launch would pass them as scalars (compiles below, fails
                # on the GPU): the kernel object itself must declare them
                "not_constexpr": sorted(set(cfg["constexprs"]) - {names[i] for i in kernel.constexprs})}
         try:
-            k = triton.compile(src, target=GPUTarget("cuda", cc, 32),
-                               options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
+            k = gm.compile_offline(cfg, cc)
             ptx = k.asm["ptx"]
             rec.update(ok=True, shared=int(k.metadata.shared), mma=("mma" in ptx),
                        # global loads by width: 16-bit ones (2-byte aligned blocks) against 16-byte ones

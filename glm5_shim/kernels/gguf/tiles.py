@@ -1575,6 +1575,21 @@ _MOE_DENSE_SIG = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "route
                   "stride_xm": "i32", "stride_we": "i32", "stride_wn": "i32", "stride_om": "i32"}
 
 
+def compile_offline(cfg: dict, cc: int):
+    """One configuration of kernel_configs() or register_mma.kernel_configs() compiled for sm_{cc} without a GPU
+    (the offline compile tests, bench/kernel_sass.py, bench/kernel_ptx.py): Triton's CompiledKernel."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    kernel = cfg["kernel"]
+    sig = dict(cfg["signature"], **{k: "constexpr" for k in cfg["constexprs"]})
+    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in cfg["divisible_by_16"]}
+    source = GluonASTSource if cfg.get("gluon") else triton.compiler.ASTSource
+    return triton.compile(source(kernel, sig, constexprs=cfg["constexprs"], attrs=attrs),
+                          target=GPUTarget("cuda", cc, 32),
+                          options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
+
+
 def kernel_configs() -> list[dict]:
     """Every (kernel, constexprs, warps, stages) the plans above launch, with bf16 activations: name, kernel,
     signature, constexprs, num_warps, num_stages, divisible_by_16 (argument names the runtime specialises)."""
