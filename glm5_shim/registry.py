@@ -109,6 +109,30 @@ def require_attr(owner: Any, attr: str, where: str) -> Any:
     return getattr(owner, attr)
 
 
+def require_source(obj: Any, where: str, *fragments: str, why: str = "") -> str:
+    """The source text of `obj` (a vLLM function or class), refused where it lacks one of `fragments`: the text a
+    patch's premise rests on.  The refusal names `where` and the first fragment missing."""
+    try:
+        source = inspect.getsource(obj)
+    except (OSError, TypeError) as exc:
+        raise TargetMismatch(f"{where}: cannot read its source ({exc})") from None
+    for fragment in fragments:
+        if fragment not in source:
+            raise TargetMismatch(f"{where} no longer contains {fragment!r}" + (f" ({why})" if why else ""))
+    return source
+
+
+def require_names(func: Any, where: str, *names: str, why: str = "") -> None:
+    """`func` must use each of `names` as a global or attribute name (its code object's co_names): the module globals
+    a patch replaces are only reached if vLLM's function looks them up there."""
+    code = getattr(func, "__code__", None)
+    if code is None:
+        raise TargetMismatch(f"{where} is not a Python function")
+    for name in names:
+        if name not in code.co_names:
+            raise TargetMismatch(f"{where} no longer uses the name {name!r}" + (f" ({why})" if why else ""))
+
+
 def require_params(func: Any, expected: tuple[str, ...], where: str) -> None:
     """The first parameters of func must be `expected`, in order."""
     try:

@@ -17,7 +17,7 @@ explicit bf16 is accepted, and the gate admits bf16 for that file in this proces
 from __future__ import annotations
 
 from glm5_shim import settings
-from glm5_shim.registry import Patch, require, require_attr, require_params
+from glm5_shim.registry import Patch, require_attr, require_params, require_names
 
 
 
@@ -64,8 +64,7 @@ def _check_model(model_module) -> None:
     require_params(func, ("model_id", "config", "dtype"), "vllm.config.model._get_and_verify_dtype")
     model_config = require_attr(model_module, "ModelConfig", "vllm.config.model")
     post_init = require_attr(model_config, "__post_init__", "ModelConfig")
-    require("_get_and_verify_dtype" in post_init.__code__.co_names,
-            "ModelConfig.__post_init__ no longer resolves its dtype through _get_and_verify_dtype")
+    require_names(post_init, "ModelConfig.__post_init__", "_get_and_verify_dtype", why="it resolves its dtype there")
 
 
 def _apply_model(model_module, patch: Patch) -> None:

@@ -15,7 +15,7 @@ Targets:
 """
 from __future__ import annotations
 
-from glm5_shim.registry import Patch, require, require_attr, require_params
+from glm5_shim.registry import Patch, require, require_attr, require_params, require_names
 
 _GET_CONFIG_PARAMS = ("model", "trust_remote_code", "revision", "code_revision", "config_format",
                       "hf_overrides_kw", "hf_overrides_fn")
@@ -94,8 +94,8 @@ def _check_tokenizer(registry_module) -> None:
     cached = require_attr(registry_module, "cached_resolve_tokenizer_args", "vllm.tokenizers.registry")
     require(hasattr(cached, "cache_clear"), "cached_resolve_tokenizer_args is no longer an lru_cache")
     get_tokenizer = require_attr(registry_module, "get_tokenizer", "vllm.tokenizers.registry")
-    require("cached_resolve_tokenizer_args" in get_tokenizer.__code__.co_names,
-            "get_tokenizer no longer resolves its arguments through cached_resolve_tokenizer_args")
+    require_names(get_tokenizer, "get_tokenizer", "cached_resolve_tokenizer_args",
+                  why="it resolves its arguments there")
 
 
 def _apply_tokenizer(registry_module, patch: Patch) -> None:

@@ -9,10 +9,9 @@ instead of copied on every call.  ``GLM5_SHIM_GGUF_KERNELS=vllm`` leaves all thr
 """
 from __future__ import annotations
 
-import inspect
 
 from glm5_shim import settings
-from glm5_shim.registry import Patch, TargetMismatch, require, require_attr, require_params
+from glm5_shim.registry import Patch, TargetMismatch, require, require_attr, require_params, require_source
 
 _TARGET = "vllm.model_executor.layers.quantization.gguf"
 
@@ -32,13 +31,11 @@ def _check(module) -> None:
                    "GGUFLinearMethod.apply")
     # The premises: the methods call the module globals (so replacing them reroutes every call), and a merged
     # linear's shards are found by id in shard_offset_map with their type in shard_weight_type.
-    source = inspect.getsource(linear.apply)
-    require("fused_mul_mat_gguf(" in source and "shard_offset_map[idx]" in source
-            and "shard_weight_type[idx]" in source,
-            "GGUFLinearMethod.apply no longer calls fused_mul_mat_gguf per shard_offset_map entry")
+    require_source(linear.apply, "GGUFLinearMethod.apply", "fused_mul_mat_gguf(", "shard_offset_map[idx]",
+                   "shard_weight_type[idx]", why="it calls fused_mul_mat_gguf per shard_offset_map entry")
     moe = require_attr(module, "GGUFMoEMethod", _TARGET)
-    require("fused_moe_gguf(" in inspect.getsource(require_attr(moe, "apply", "GGUFMoEMethod")),
-            "GGUFMoEMethod.apply no longer calls the module global fused_moe_gguf")
+    require_source(require_attr(moe, "apply", "GGUFMoEMethod"), "GGUFMoEMethod.apply", "fused_moe_gguf(",
+                   why="it calls the module global fused_moe_gguf")
 
 
 def _apply(module, patch: Patch) -> None:

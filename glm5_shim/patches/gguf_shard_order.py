@@ -11,9 +11,8 @@ looked up by id, so sorting the id list changes nothing else.  Float shards are 
 """
 from __future__ import annotations
 
-import inspect
 
-from glm5_shim.registry import Patch, require, require_attr, require_params
+from glm5_shim.registry import Patch, require_attr, require_params, require_source
 
 _TARGET = "vllm.model_executor.layers.quantization.gguf"
 
@@ -32,9 +31,8 @@ def _check(module) -> None:
     require_params(require_attr(cls, "process_weights_after_loading", "GGUFLinearMethod"), ("self", "layer"),
                    "GGUFLinearMethod.process_weights_after_loading")
     # The premise: apply() walks qweight.shard_id and finds each shard by id in shard_offset_map.
-    source = inspect.getsource(require_attr(cls, "apply", "GGUFLinearMethod"))
-    require("layer.qweight.shard_id" in source and "shard_offset_map[idx]" in source,
-            "GGUFLinearMethod.apply no longer reads shards through qweight.shard_id / shard_offset_map")
+    require_source(require_attr(cls, "apply", "GGUFLinearMethod"), "GGUFLinearMethod.apply",
+                   "layer.qweight.shard_id", "shard_offset_map[idx]", why="it reads the shards through them")
 
 
 def _apply(module, patch: Patch) -> None:

@@ -13,10 +13,9 @@ and ``__post_init__`` still drafts from the target's own model for method "mtp".
 """
 from __future__ import annotations
 
-import inspect
 import typing
 
-from glm5_shim.registry import Patch, require, require_attr
+from glm5_shim.registry import Patch, require, require_attr, require_source
 
 _TARGET = "vllm.config.speculative"
 
@@ -25,10 +24,8 @@ def _check(module) -> None:
     cls = require_attr(module, "SpeculativeConfig", _TARGET)
     override = require_attr(cls, "hf_config_override", "SpeculativeConfig")
     post_init = require_attr(cls, "__post_init__", "SpeculativeConfig")
-    source = inspect.getsource(post_init)
-    for fragment in ("self.model = self.target_model_config.model",
-                     "hf_overrides=SpeculativeConfig.hf_config_override"):
-        require(fragment in source, f"SpeculativeConfig.__post_init__ no longer contains {fragment!r}")
+    require_source(post_init, "SpeculativeConfig.__post_init__", "self.model = self.target_model_config.model",
+                   "hf_overrides=SpeculativeConfig.hf_config_override")
     methods = typing.get_args(require_attr(module, "MTPModelTypes", _TARGET))
     require("mtp" in methods and all(m.endswith("mtp") for m in methods),
             f"vLLM's MTP method names no longer all end in 'mtp': {methods}")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import inspect
 
-from glm5_shim.registry import Patch, require, require_attr
+from glm5_shim.registry import Patch, require, require_attr, require_source
 
 _TARGET = "vllm.model_executor.models.deepseek_mtp"
 
@@ -25,13 +25,13 @@ _TARGET = "vllm.model_executor.models.deepseek_mtp"
 def _check(module) -> None:
     layer = require_attr(module, "DeepSeekMultiTokenPredictorLayer", _TARGET)
     require_attr(layer, "__init__", "DeepSeekMultiTokenPredictorLayer")
-    forward = inspect.getsource(require_attr(layer, "forward", "DeepSeekMultiTokenPredictorLayer"))
-    require("self.mtp_block(" in forward and "residual=None" in forward,
-            "DeepSeekMultiTokenPredictorLayer.forward no longer runs mtp_block from a fresh residual")
+    require_source(require_attr(layer, "forward", "DeepSeekMultiTokenPredictorLayer"),
+                   "DeepSeekMultiTokenPredictorLayer.forward", "self.mtp_block(", "residual=None",
+                   why="it runs mtp_block from a fresh residual")
     block = require_attr(module, "DeepseekV2DecoderLayer", _TARGET)
-    source = inspect.getsource(block)
-    require("if self.layer_idx == 0:" in source and "residual *= 1.0 / self.routed_scaling_factor" in source,
-            "DeepseekV2DecoderLayer no longer scales the float16 residual at layer 0")
+    source = require_source(block, "DeepseekV2DecoderLayer", "if self.layer_idx == 0:",
+                            "residual *= 1.0 / self.routed_scaling_factor",
+                            why="it scales the float16 residual at layer 0")
     require(source.count("self.layer_idx") == 2,
             "DeepseekV2DecoderLayer reads self.layer_idx somewhere else than its float16 residual scaling")
 

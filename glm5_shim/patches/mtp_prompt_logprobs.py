@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import inspect
 
-from glm5_shim.registry import Patch, require, require_attr
+from glm5_shim.registry import Patch, require, require_attr, require_source
 
 _TARGET = "vllm.v1.worker.gpu_model_runner"
 _KEPT = "_glm5_shim_prompt_hidden"   # (the pool's tensor, its copy), between the drafter and the bookkeeping
@@ -34,12 +34,13 @@ def _check(module) -> None:
     prompt = require_attr(runner, "_get_prompt_logprobs_dict", "GPUModelRunner")
     require(list(inspect.signature(prompt).parameters)[:2] == ["self", "hidden_states"],
             "GPUModelRunner._get_prompt_logprobs_dict no longer takes hidden_states first")
-    source = inspect.getsource(require_attr(runner, "sample_tokens", "GPUModelRunner"))
+    source = require_source(require_attr(runner, "sample_tokens", "GPUModelRunner"), "GPUModelRunner.sample_tokens",
+                            "propose_draft_token_ids(sampled_token_ids)", "._bookkeeping_sync(")
     draft, bookkeeping = source.find("propose_draft_token_ids(sampled_token_ids)"), source.find("._bookkeeping_sync(")
     require(0 <= draft < bookkeeping,
             "GPUModelRunner.sample_tokens no longer runs the GPU-token drafter before _bookkeeping_sync")
-    require("self._get_prompt_logprobs_dict(" in inspect.getsource(runner._bookkeeping_sync),
-            "GPUModelRunner._bookkeeping_sync no longer computes the prompt log-probs")
+    require_source(runner._bookkeeping_sync, "GPUModelRunner._bookkeeping_sync", "self._get_prompt_logprobs_dict(",
+                   why="it computes the prompt log-probs")
 
 
 def _serves_glm_gguf(runner) -> bool:

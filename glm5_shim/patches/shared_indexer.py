@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import inspect
 
-from glm5_shim.registry import Patch, require, require_attr, require_params
+from glm5_shim.registry import Patch, require_attr, require_params, require_source
 
 _TARGET = "vllm.model_executor.models.deepseek_v2"
 
@@ -23,11 +23,9 @@ def _check(module) -> None:
     require_params(indexer.__init__, ("self", "vllm_config", "config", "hidden_size", "q_lora_rank", "quant_config",
                                       "cache_config", "topk_indices_buffer", "prefix"), "Indexer.__init__")
     attention = require_attr(module, "DeepseekV2MLAAttention", _TARGET)
-    source = inspect.getsource(attention.__init__)
     # The premise: the indexer is built through the module-level name, and the skip flag comes from these fields.
-    for fragment in ("Indexer(", "index_topk_pattern", "index_topk_freq", "index_skip_topk_offset",
-                     "skip_topk=_skip_topk"):
-        require(fragment in source, f"DeepseekV2MLAAttention.__init__ no longer contains {fragment!r}")
+    require_source(attention.__init__, "DeepseekV2MLAAttention.__init__", "Indexer(", "index_topk_pattern",
+                   "index_topk_freq", "index_skip_topk_offset", "skip_topk=_skip_topk")
     require_attr(module, "extract_layer_index", _TARGET)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 
-from glm5_shim.registry import Patch, require, require_attr, require_params
+from glm5_shim.registry import Patch, require, require_attr, require_params, require_names
 
 _NAME = "maybe_override_with_speculators"
 _PARAMS = ("model", "tokenizer", "trust_remote_code", "revision", "vllm_speculative_config", "hf_token")
@@ -27,8 +27,7 @@ def _check(arg_utils) -> None:
     require_attr(tc, _NAME, "vllm.transformers_utils.config")
     engine_args = require_attr(arg_utils, "EngineArgs", "vllm.engine.arg_utils")
     create = require_attr(engine_args, "create_engine_config", "EngineArgs")
-    require(_NAME in create.__code__.co_names,
-            f"EngineArgs.create_engine_config no longer calls {_NAME} through the module global")
+    require_names(create, "EngineArgs.create_engine_config", _NAME, why="it calls it through the module global")
 
 
 def _make_replacement(original):
