@@ -82,7 +82,7 @@ def _plan_for(capability: tuple[int, int], gguf: bool = True, shim_runs_every_ma
 
     from glm5_shim.attention.selection import deepgemm_can_run, native_sparse_mla
 
-    from glm5_shim.patches.dtype_gate import gguf_dtype_for_auto
+    from glm5_shim.loading.gguf_dtype import gguf_dtype_for_auto
 
     dtype = getattr(torch, gguf_dtype_for_auto(capability, shim_runs_every_matmul)) if gguf else torch.bfloat16
     choice = native_sparse_mla(capability, dtype)
@@ -122,8 +122,8 @@ def collect(model: str | None = None) -> dict:
     report["gpu_note"] = why
     caps = sorted({tuple(g["capability"]) for g in found}) or []
     covered = False
-    if model:  # the file decides the dtype on capability >= 10 (dtype_gate.gguf_dtype_for_auto)
-        from glm5_shim.report import every_matmul_on_shim_kernels
+    if model:  # the file decides the dtype on capability >= 10 (loading/gguf_dtype.py)
+        from glm5_shim.kernels.gguf.routing import every_matmul_on_shim_kernels
 
         covered = every_matmul_on_shim_kernels(model)
     report["plan"] = [_plan_for(c, shim_runs_every_matmul=covered) for c in caps] if caps else []

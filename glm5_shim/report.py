@@ -24,7 +24,6 @@ The longest --max-model-len per GPU for each TP size and KV dtype: glm5_shim.ggu
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import sys
 from collections import Counter
@@ -37,7 +36,7 @@ from glm5_shim import settings
 
 from glm5_shim.gguf.config import build_hf_config, indexer_layout
 from glm5_shim.kernels.gguf.routing import (LOAD_PACKED_TYPES, MMA_DECODE_TYPES, VLLM_LINEAR_ROWS_TEXT,
-                                            VLLM_MISDECODED_TYPES, VLLM_MOE_DECODE_TOKENS, kernel_path,
+                                            VLLM_MISDECODED_TYPES, VLLM_MOE_DECODE_TOKENS, matmul_paths,
                                             mma_moe_rows_text)
 from glm5_shim.gguf.errors import GGUFError
 from glm5_shim.gguf.load_plan import MTP_FLAG, LoadPlan, mtp_draft_problem, plan_load, plan_tensors
@@ -74,35 +73,6 @@ def load_actions(plan: LoadPlan) -> dict[str, int]:
     if plan.refused:
         out["refused"] = len(plan.refused)
     return out
-
-
-def matmul_paths(plan: LoadPlan, shim_kernels: bool = True) -> dict[str, dict[str, int]]:
-    """Which GGUF matmul runs each quantized weight vLLM receives: {"shim": {type: tensors}, "vllm": {...}}
-    (kernels/gguf/routing.py decides; the embedding is a row lookup, not a matmul, and is left out)."""
-    out: dict[str, Counter] = {"shim": Counter(), "vllm": Counter()}
-    for t in plan.tensors:
-        name = t.vllm_type
-        if name is None or t.gguf_name == "token_embd.weight":
-            continue
-        path = kernel_path(int(gguf.GGMLQuantizationType[name]), t.info.shape[-1], shim_kernels)
-        if path != "float":
-            out[path][name] += 1
-    return {path: dict(sorted(c.items())) for path, c in out.items()}
-
-
-@functools.lru_cache(maxsize=8)
-def every_matmul_on_shim_kernels(path: str) -> bool:
-    """True when every quantized weight of the GGUF at ``path`` that reaches a GGUF matmul runs on the shim's
-    kernels (header-only; False for a file the loader would refuse or that cannot be read)."""
-    if settings.gguf_kernels_choice() != "shim":
-        return False
-    try:
-        model = open_gguf(path)
-        config = build_hf_config(model, check_shapes=False)
-        plan = plan_tensors(model, config)
-    except (GGUFError, OSError, ValueError, KeyError):
-        return False
-    return not plan.refused and not matmul_paths(plan)["vllm"]
 
 
 def format_matmul_paths(paths: dict[str, dict[str, int]]) -> str:

@@ -96,7 +96,7 @@ def test_ada_keeps_bf16(patched, capability, gguf_file, monkeypatch):
 
 @pytest.mark.parametrize("cap", [(12, 0), (12, 1), (10, 0), (9, 0), (8, 9), (8, 6)])
 def test_doctor_shows_the_dtype_the_patch_picks(patched, capability, gguf_file, monkeypatch, cap):
-    """doctor's per-GPU plan and the dtype-auto patch answer from one rule (dtype_gate.gguf_dtype_for_auto)."""
+    """doctor's per-GPU plan and the dtype-auto patch answer from one rule (loading/gguf_dtype.gguf_dtype_for_auto)."""
     from glm5_shim.doctor import _plan_for
 
     model_module, _ = patched
@@ -120,7 +120,7 @@ def test_blackwell_keeps_bf16_when_the_shim_kernels_run_every_matmul(patched, ca
     """A file whose quantized matmuls all run on the shim's kernels: auto stays bfloat16, explicit bf16 is accepted
     and the gate admits it; a file with a type the kernels do not cover, or the kernels switched off: float16."""
     from glm5_shim.doctor import _plan_for
-    from glm5_shim.report import every_matmul_on_shim_kernels
+    from glm5_shim.kernels.gguf.routing import every_matmul_on_shim_kernels
     from glm5_shim.patches import dtype_gate
 
     model_module, gguf_module = patched

@@ -12,34 +12,19 @@ Two patches:
 
 Where the shim's own GGUF kernels run every quantized matmul of the file (``gguf-kernels``; inspect lists them),
 vLLM's defect does not apply: ``--dtype auto`` keeps GLM-5's bfloat16 (fp16 can overflow on real activations), an
-explicit bf16 is accepted, and the gate admits bf16 for that file in this process.
+explicit bf16 is accepted, and the gate admits bf16 for that file in this process.  The rule itself, which doctor
+states too: loading/gguf_dtype.py.
 """
 from __future__ import annotations
 
 from glm5_shim import settings
+from glm5_shim.loading.gguf_dtype import shim_runs_every_matmul
 from glm5_shim.registry import Patch, require_attr, require_params, require_names
-
-
-
-def gguf_dtype_for_auto(capability: tuple[int, int], shim_runs_every_matmul: bool = False) -> str:
-    """What --dtype auto gives a GGUF with the shim on this compute capability (doctor asks this, the patch does it).
-    ``shim_runs_every_matmul``: the file's quantized matmuls all run on the shim's kernels."""
-    from glm5_shim.kernels.gguf.routing import gguf_bf16_refused_at  # not at import: patches load in every process
-
-    if gguf_bf16_refused_at(capability) and not settings.allow_gguf_bf16() and not shim_runs_every_matmul:
-        return "float16"
-    return "bfloat16"
 
 
 # GGUF files this process accepted in bf16 on capability >= 10 because the shim's kernels run all their matmuls;
 # the gate (checked later in the same process, by VllmConfig) admits bf16 for them.
 _BF16_BY_SHIM_KERNELS: set[str] = set()
-
-
-def shim_runs_every_matmul(model_id: str) -> bool:
-    from glm5_shim.report import every_matmul_on_shim_kernels
-
-    return every_matmul_on_shim_kernels(str(model_id))
 
 
 def gguf_bf16_refused_by_vllm() -> bool:

@@ -8,7 +8,8 @@ from glm5_shim.gguf.fixture import make_tiny
 from glm5_shim.kernels.gguf.routing import MMA_DECODE_TYPES, SHIM_KERNEL_TYPES, VLLM_MOE_DECODE_TOKENS
 from glm5_shim.gguf.load_plan import plan_tensors
 from glm5_shim.gguf.reader import open_gguf
-from glm5_shim.report import format_matmul_paths, matmul_paths
+from glm5_shim.kernels.gguf.routing import matmul_paths
+from glm5_shim.report import format_matmul_paths
 
 
 def _plan(path):

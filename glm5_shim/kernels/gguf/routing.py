@@ -1,6 +1,11 @@
 """Which GGUF tensors the shim's own matmul kernels compute (``glm5_shim/kernels/gguf/tiles.py``); the rest keep
-vLLM's ggml kernels.  One home for the rule: the kernels, the vLLM dispatch, doctor and inspect all ask here."""
+vLLM's ggml kernels.  One home for the rule: the kernels, the vLLM dispatch, doctor and inspect all ask here, for a
+call (kernel_path, shim_kernel_covers, the thresholds below) or a whole file (matmul_paths,
+every_matmul_on_shim_kernels).  Pure: imports neither torch, Triton nor vLLM."""
 from __future__ import annotations
+
+import functools
+from collections import Counter
 
 import gguf
 
@@ -236,3 +241,39 @@ def kernel_path(ggml_type: int, k: int, enabled: bool = True) -> str:
     if is_float_type(ggml_type):
         return "float"
     return "shim" if enabled and shim_kernel_covers(ggml_type, k) else "vllm"
+
+
+# -- a whole file: which kernel each of its quantized weights runs on --------------------------------------------
+def matmul_paths(plan, shim_kernels: bool = True) -> dict[str, dict[str, int]]:
+    """Which GGUF matmul runs each quantized weight vLLM receives: {"shim": {type: tensors}, "vllm": {...}}
+    (kernel_path decides; the embedding is a row lookup, not a matmul, and is left out)."""
+    out: dict[str, Counter] = {"shim": Counter(), "vllm": Counter()}
+    for t in plan.tensors:
+        name = t.vllm_type
+        if name is None or t.gguf_name == "token_embd.weight":
+            continue
+        path = kernel_path(int(gguf.GGMLQuantizationType[name]), t.info.shape[-1], shim_kernels)
+        if path != "float":
+            out[path][name] += 1
+    return {path: dict(sorted(c.items())) for path, c in out.items()}
+
+
+@functools.lru_cache(maxsize=8)
+def every_matmul_on_shim_kernels(path: str) -> bool:
+    """True when every quantized weight of the GGUF at ``path`` that reaches a GGUF matmul runs on the shim's
+    kernels (header-only; False for a file the loader would refuse or that cannot be read)."""
+    from glm5_shim import settings
+    from glm5_shim.gguf.config import build_hf_config
+    from glm5_shim.gguf.errors import GGUFError
+    from glm5_shim.gguf.load_plan import plan_tensors
+    from glm5_shim.gguf.reader import open_gguf
+
+    if settings.gguf_kernels_choice() != "shim":
+        return False
+    try:
+        model = open_gguf(path)
+        config = build_hf_config(model, check_shapes=False)
+        plan = plan_tensors(model, config)
+    except (GGUFError, OSError, ValueError, KeyError):
+        return False
+    return not plan.refused and not matmul_paths(plan)["vllm"]
