@@ -9,7 +9,7 @@ import gguf
 import pytest
 
 from glm5_shim.kernels.gguf.routing import vllm_moe_max_tokens
-from glm5_shim.patches.tp_split_check import vllm_moe_grid_problem
+from glm5_shim.loading.config_checks import vllm_moe_grid_problem
 
 T = gguf.GGMLQuantizationType
 
