@@ -1,4 +1,4 @@
-"""Which GGUF matmul each quantized weight of a file runs on, as inspect and doctor say it (gguf/report.py, from
+"""Which GGUF matmul each quantized weight of a file runs on, as inspect and doctor say it (report.py and kernels/gguf/routing.py, from
 kernels/gguf/routing.py): counted per type from the load plan of real llama-quantize mixes."""
 import gguf
 import pytest
