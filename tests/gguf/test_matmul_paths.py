@@ -1,5 +1,5 @@
-"""Which GGUF matmul each quantized weight of a file runs on, as inspect and doctor say it (report.py and kernels/gguf/routing.py, from
-kernels/gguf/routing.py): counted per type from the load plan of real llama-quantize mixes."""
+"""Which GGUF matmul each quantized weight of a file runs on, as inspect and doctor say it (kernels/gguf/routing.py
+decides, report.py words it): counted per type from the load plan of real llama-quantize mixes."""
 import gguf
 import pytest
 
