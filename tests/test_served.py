@@ -2,27 +2,18 @@
 config vLLM built *and* the file's header — and the shared-indexer patch that asks it."""
 from types import SimpleNamespace
 
-import gguf
-import numpy as np
 import pytest
 
-from glm5_shim.gguf.fixture import make_tiny
 from glm5_shim.loading.served import served_glm_ggufs, serves_glm_gguf
 from glm5_shim.names import HF_MODEL_TYPE, HF_MTP_MODEL_TYPE
+from tests.helpers import last_json, run_python, write_minimal_glm_dsa_gguf, write_other_architecture_gguf
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("served")
-    glm = make_tiny(root / "glm.gguf", layers=2, write_reference=False)[0]
-    other = root / "llama.gguf"   # a GGUF of another architecture (vLLM serves it alone)
-    writer = gguf.GGUFWriter(str(other), "llama")
-    writer.add_block_count(1)
-    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    glm = write_minimal_glm_dsa_gguf(root / "glm.gguf")   # the predicate reads headers only
+    other = write_other_architecture_gguf(root / "llama.gguf", "llama")   # vLLM serves it alone
     return {"glm": str(glm), "other": str(other), "hf": str(root)}
 
 
@@ -65,8 +56,6 @@ def test_nothing_else_counts(files, case):
 def test_shared_indexer_keeps_indexer_a_class():
     """The shared-indexer patch puts a subclass of vLLM's Indexer in its module (it was a factory function, which
     made ``isinstance(x, Indexer)`` raise): vLLM's own layers are still instances of it."""
-    from tests.helpers import last_json, run_python
-
     out = last_json(run_python("""
 import json
 import vllm.model_executor.models.deepseek_v2 as dsv2   # the shim is active in the child (sitecustomize)

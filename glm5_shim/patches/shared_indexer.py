@@ -46,8 +46,9 @@ def _apply(module, patch: Patch) -> None:
                 return super().__new__(cls)
             bound = signature.bind(None, *args, **kwargs)
             config, prefix = bound.arguments["config"], bound.arguments.get("prefix", "")
-            if (serves_glm_gguf(bound.arguments["vllm_config"])
-                    and layer_skips_topk(config, module.extract_layer_index(prefix))):
+            # the config's rule first: the file's header is read only for a layer that would skip
+            if (layer_skips_topk(config, module.extract_layer_index(prefix))
+                    and serves_glm_gguf(bound.arguments["vllm_config"])):
                 if not reported:
                     reported.append(True)
                     from vllm.logger import init_logger
